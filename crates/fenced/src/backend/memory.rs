@@ -1,0 +1,302 @@
+//! `memory://[NAMESPACE]`: locks inside this process.
+//!
+//! For examples, unit tests and single-process programs. Every client that
+//! connects to the same namespace shares one store, so two clients in one
+//! process contend as two processes would. The store lives as long as the
+//! process; tokens still follow the wall-clock floor of
+//! [`next_token`](crate::core::machine::next_token), so a register kept
+//! outside the process sees them rise across restarts too.
+//!
+//! Guarantee: exact, with expiry by this process's monotonic clock.
+
+use super::{Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome, Ticket};
+use crate::core::acquire::QUEUE_TTL;
+use crate::core::machine::{Held, grantable, next_token};
+use crate::core::wake::Wakeups;
+use crate::error::{Error, Result};
+use crate::fence::parse_i64;
+use crate::name::LockName;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use tokio::time::Instant;
+
+static STORES: LazyLock<Mutex<HashMap<String, Arc<Store>>>> = LazyLock::new(Default::default);
+
+#[derive(Default)]
+struct Store {
+    locks: Mutex<HashMap<LockName, Resource>>,
+    registers: Mutex<HashMap<LockName, (Vec<u8>, u64)>>,
+    wakeups: Arc<Wakeups>,
+    next_ticket: Mutex<Ticket>,
+}
+
+#[derive(Default)]
+struct Resource {
+    holds: Vec<MemHold>,
+    queue: Vec<(Ticket, Instant)>,
+    last_token: u64,
+}
+
+struct MemHold {
+    hold_id: String,
+    owner_key: String,
+    mode: Mode,
+    token: u64,
+    expires: Instant,
+}
+
+impl Resource {
+    /// Drops expired holds and queue places; true if any hold went.
+    fn purge(&mut self, now: Instant) -> bool {
+        let before = self.holds.len();
+        self.holds.retain(|h| h.expires > now);
+        self.queue.retain(|(_, exp)| *exp > now);
+        self.holds.len() != before
+    }
+}
+
+pub(crate) struct MemoryBackend {
+    store: Arc<Store>,
+}
+
+impl MemoryBackend {
+    pub(crate) fn open(namespace: &str) -> Result<Arc<dyn Backend>> {
+        if namespace.chars().any(char::is_control) || namespace.len() > 256 {
+            return Err(Error::invalid(format!(
+                "memory namespace {namespace:?} must be at most 256 bytes with no control characters"
+            )));
+        }
+        let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
+        let store = stores.entry(namespace.to_owned()).or_default().clone();
+        Ok(Arc::new(MemoryBackend { store }))
+    }
+
+    fn locks(&self) -> MutexGuard<'_, HashMap<LockName, Resource>> {
+        self.store.locks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn registers(&self) -> MutexGuard<'_, HashMap<LockName, (Vec<u8>, u64)>> {
+        self.store.registers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ticket(&self) -> Ticket {
+        let mut t = self.store.next_ticket.lock().unwrap_or_else(|e| e.into_inner());
+        *t += 1;
+        *t
+    }
+
+    fn try_grant(&self, req: &Attempt) -> Outcome {
+        let now = Instant::now();
+        let mut locks = self.locks();
+        let res = locks.entry(req.name.clone()).or_default();
+        let mut changed = res.purge(now);
+        let mine = req.ticket.filter(|t| res.queue.iter().any(|(q, _)| q == t));
+        let queued_ahead = match mine {
+            Some(t) => res.queue.iter().any(|(q, _)| *q < t),
+            None => !res.queue.is_empty(),
+        };
+        let holders = res.holds.iter().map(|h| Held {
+            owner_key: &h.owner_key,
+            mode: h.mode,
+        });
+        let outcome = if grantable(holders, &req.owner_key, req.mode, req.fair, queued_ahead) {
+            let token = next_token(res.last_token);
+            res.last_token = token;
+            res.holds.push(MemHold {
+                hold_id: req.hold_id.clone(),
+                owner_key: req.owner_key.clone(),
+                mode: req.mode,
+                token,
+                expires: now + req.lease,
+            });
+            if let Some(t) = mine {
+                res.queue.retain(|(q, _)| *q != t);
+                changed = true; // the next in line may go now
+            }
+            Outcome::Granted { token }
+        } else {
+            let ticket = if req.fair && req.will_wait {
+                let t = match mine {
+                    Some(t) => t,
+                    None => {
+                        let t = self.ticket();
+                        res.queue.push((t, now));
+                        t
+                    }
+                };
+                if let Some(q) = res.queue.iter_mut().find(|(q, _)| *q == t) {
+                    q.1 = now + QUEUE_TTL;
+                }
+                Some(t)
+            } else {
+                None
+            };
+            let retry_after = res.holds.iter().map(|h| h.expires - now).min();
+            Outcome::Busy(Blocked {
+                ticket,
+                retry_after,
+            })
+        };
+        drop(locks);
+        if changed {
+            self.store.wakeups.bump(req.name.as_str());
+        }
+        outcome
+    }
+
+    fn remove_hold(&self, name: &LockName, hold_id: &str) -> bool {
+        let now = Instant::now();
+        let mut locks = self.locks();
+        let Some(res) = locks.get_mut(name) else {
+            return false;
+        };
+        let Some(i) = res.holds.iter().position(|h| h.hold_id == hold_id) else {
+            return false;
+        };
+        let h = res.holds.swap_remove(i);
+        drop(locks);
+        self.store.wakeups.bump(name.as_str());
+        h.expires > now
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn scheme(&self) -> &'static str {
+        "memory"
+    }
+
+    fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.store.wakeups
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(async move { Ok(self.try_grant(req)) })
+    }
+
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut locks = self.locks();
+            Ok(holds
+                .iter()
+                .map(|r| {
+                    locks
+                        .get_mut(&r.name)
+                        .and_then(|res| res.holds.iter_mut().find(|h| h.hold_id == r.hold_id))
+                        .filter(|h| h.expires > now)
+                        .map(|h| h.expires = now + r.lease)
+                        .is_some()
+                })
+                .collect())
+        })
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Ok(self.remove_hold(&hold.name, &hold.hold_id)) })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        name: &'a LockName,
+        ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if let Some(t) = ticket {
+                if let Some(res) = self.locks().get_mut(name) {
+                    res.queue.retain(|(q, _)| *q != t);
+                }
+            }
+            self.remove_hold(name, hold_id);
+            self.store.wakeups.bump(name.as_str());
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut locks = self.locks();
+            let Some(res) = locks.get_mut(name) else {
+                return Ok(LockStatus::default());
+            };
+            res.purge(now);
+            Ok(LockStatus {
+                holders: res
+                    .holds
+                    .iter()
+                    .map(|h| HolderInfo {
+                        owner: h.owner_key.clone(),
+                        mode: h.mode,
+                        token: h.token,
+                        lease_left: h.expires - now,
+                    })
+                    .collect(),
+                waiters: res.queue.len(),
+                last_token: res.last_token,
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let n = self
+                .locks()
+                .get_mut(name)
+                .map(|res| std::mem::take(&mut res.holds).len())
+                .unwrap_or(0);
+            self.store.wakeups.bump(name.as_str());
+            Ok(n)
+        })
+    }
+
+    fn register_read<'a>(
+        &'a self,
+        name: &'a LockName,
+    ) -> BoxFuture<'a, Result<Option<(Vec<u8>, u64)>>> {
+        Box::pin(async move { Ok(self.registers().get(name).cloned()) })
+    }
+
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let mut regs = self.registers();
+            let entry = regs.entry(name.clone()).or_insert((Vec::new(), 0));
+            match fence {
+                Some(f) if f < entry.1 => Ok(false),
+                Some(f) => {
+                    *entry = (value.to_vec(), f);
+                    Ok(true)
+                }
+                None => {
+                    entry.0 = value.to_vec();
+                    Ok(true)
+                }
+            }
+        })
+    }
+
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
+        Box::pin(async move {
+            let mut regs = self.registers();
+            let Some(entry) = regs.get_mut(name) else {
+                return Ok(None);
+            };
+            let v = parse_i64(name, &entry.0)?;
+            if v - by < 0 {
+                return Ok(None);
+            }
+            entry.0 = (v - by).to_string().into_bytes();
+            Ok(Some(v - by))
+        })
+    }
+}
+

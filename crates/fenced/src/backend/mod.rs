@@ -1,0 +1,217 @@
+//! The backend SPI: what a storage engine must do, and nothing more.
+//!
+//! Reentrancy, the watchdog, timeouts, retries, the lost signal and
+//! cancellation cleanup are written once in `core/`; a backend only knows
+//! how to try one grant atomically, extend and drop holds, and tell waiters
+//! that a name changed (through [`Wakeups`](crate::core::wake::Wakeups)).
+//!
+//! Mutex, read-write lock and semaphore are one machine with three modes
+//! ([`Mode`]); the grant rule for all of them is
+//! [`core::machine::grantable`](crate::core::machine::grantable).
+
+use crate::core::wake::Wakeups;
+use crate::error::Result;
+use crate::name::LockName;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+pub(crate) mod memory;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// How a hold shares its lock with others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// One owner at a time (a mutex, or the write side of a read-write lock).
+    Exclusive,
+    /// Any number of owners at once, but no exclusive holder (the read side).
+    Shared,
+    /// `take` of the semaphore's `max` permits.
+    Permits {
+        /// Permits this hold takes.
+        take: u32,
+        /// Permits the semaphore has in all.
+        max: u32,
+    },
+}
+
+impl Mode {
+    /// Whether one owner's repeated acquisitions nest into one hold.
+    /// Semaphore permits do not: each acquisition takes more permits.
+    pub(crate) fn is_reentrant(self) -> bool {
+        !matches!(self, Mode::Permits { .. })
+    }
+
+    /// A stable small number for storage.
+    pub(crate) fn code(self) -> i64 {
+        match self {
+            Mode::Exclusive => 0,
+            Mode::Shared => 1,
+            Mode::Permits { .. } => 2,
+        }
+    }
+
+    pub(crate) fn from_code(code: i64, take: u32, max: u32) -> Option<Mode> {
+        match code {
+            0 => Some(Mode::Exclusive),
+            1 => Some(Mode::Shared),
+            2 => Some(Mode::Permits { take, max }),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn permits(self) -> (u32, u32) {
+        match self {
+            Mode::Permits { take, max } => (take, max),
+            _ => (0, 0),
+        }
+    }
+}
+
+/// A place in a fair queue, kept across attempts.
+pub(crate) type Ticket = i64;
+
+/// One try at a grant.
+#[derive(Clone, Debug)]
+pub(crate) struct Attempt {
+    pub(crate) name: LockName,
+    /// `<client id>:<owner id>`: who holds, for reentrancy and status.
+    pub(crate) owner_key: String,
+    /// Unique per grant: what release and renew name.
+    pub(crate) hold_id: String,
+    pub(crate) mode: Mode,
+    pub(crate) lease: Duration,
+    pub(crate) fair: bool,
+    /// Whether the caller will wait if busy: backends that need to register
+    /// a waiter (for wake-ups or a queue place) do so only then.
+    pub(crate) will_wait: bool,
+    /// The queue place from an earlier busy attempt.
+    pub(crate) ticket: Option<Ticket>,
+}
+
+/// The answer to an attempt.
+#[derive(Clone, Debug)]
+pub(crate) enum Outcome {
+    Granted { token: u64 },
+    Busy(Blocked),
+}
+
+/// Why an attempt did not succeed, and when to look again.
+#[derive(Clone, Debug)]
+pub(crate) struct Blocked {
+    /// The queue place (fair mode, or a waiter registration).
+    pub(crate) ticket: Option<Ticket>,
+    /// When a holder's lease runs out, as far as the backend knows: the
+    /// fallback re-check time if no notification comes.
+    pub(crate) retry_after: Option<Duration>,
+}
+
+/// A hold as the backend sees it.
+#[derive(Clone, Debug)]
+pub(crate) struct HoldRef {
+    pub(crate) name: LockName,
+    pub(crate) hold_id: String,
+    pub(crate) lease: Duration,
+}
+
+/// What the backend knows of one lock name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockStatus {
+    /// The current holders (empty when free).
+    pub holders: Vec<HolderInfo>,
+    /// Waiters registered with the backend (queued in fair mode, or
+    /// registered for wake-ups).
+    pub waiters: usize,
+    /// The highest fencing token issued for this name, 0 if none.
+    pub last_token: u64,
+}
+
+impl LockStatus {
+    /// True when nobody holds the lock.
+    pub fn is_free(&self) -> bool {
+        self.holders.is_empty()
+    }
+}
+
+/// One holder of a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderInfo {
+    /// `<client id>:<owner id>`.
+    pub owner: String,
+    /// How it holds.
+    pub mode: Mode,
+    /// The token of its grant.
+    pub token: u64,
+    /// Lease left as the backend counts it.
+    pub lease_left: Duration,
+}
+
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// The URL scheme, for logs and status.
+    fn scheme(&self) -> &'static str;
+
+    /// Whether `fair` is honoured.
+    fn supports_fair(&self) -> bool {
+        true
+    }
+
+    /// Where waiters of this backend are woken.
+    fn wakeups(&self) -> &std::sync::Arc<Wakeups>;
+
+    /// One atomic try. On `Busy` with `will_wait`, the backend must already
+    /// have arranged to bump [`Wakeups`] for this name when it changes.
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>>;
+
+    /// Extends each hold's lease; `true` where the hold was still there.
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>>;
+
+    /// Drops a hold; `true` when it was still there. Idempotent.
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>>;
+
+    /// Forgets a queue place (and a hold granted to an attempt whose caller
+    /// went away, if any). Idempotent.
+    fn abandon<'a>(
+        &'a self,
+        name: &'a LockName,
+        ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>>;
+
+    /// What the backend knows of `name`.
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>>;
+
+    /// Drops every hold of `name` whoever holds it (an operator's "break
+    /// lock"); returns how many holds were dropped.
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>>;
+
+    /// The fenced register: its value and the highest fence it has seen.
+    fn register_read<'a>(
+        &'a self,
+        name: &'a LockName,
+    ) -> BoxFuture<'a, Result<Option<(Vec<u8>, u64)>>>;
+
+    /// Writes the register if `fence` is at least the highest it has seen
+    /// (or unconditionally when `fence` is `None`); `false` when refused.
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Atomically subtracts `by` from the register's integer value if the
+    /// result stays ≥ 0; the new value, or `None` if it would go negative.
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>>;
+
+    /// Lets go of connections; called once by `Client::close`.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}

@@ -1,0 +1,542 @@
+//! `sqlite:///path/to/locks.db`: the embedded default.
+//!
+//! A lease table in one SQLite file (WAL mode), shared by every process on
+//! the host that opens the same path. No server to run.
+//!
+//! # Layout
+//!
+//! [`SCHEMA`] below: `fenced_holds` has one row per grant (a mutex or write
+//! hold, a read hold, or a semaphore's permits) with its owner
+//! `<client id>:<owner id>`, mode, token and expiry; `fenced_tokens` keeps
+//! the last fencing token of every name, after release too, so tokens only
+//! rise; `fenced_waiters` holds blocked acquirers (the FIFO queue in fair
+//! mode, and where to wake them); `fenced_registers` holds fenced registers.
+//!
+//! Every grant is decided inside one `BEGIN IMMEDIATE` transaction (SQLite
+//! serialises writers, so two acquirers can never both win) by the same
+//! rule as every other backend ([`grantable`]).
+//!
+//! # Waking waiters without polling
+//!
+//! Each client binds a Unix datagram socket in Linux's abstract namespace
+//! (no file to clean up). A blocked acquirer records that address in
+//! `fenced_waiters` in the same transaction that found the lock busy; a
+//! release (or an expiry noticed by anyone) sends the lock name to every
+//! waiting address after it commits. A crashed holder sends nothing, so a
+//! waiter also re-checks when the holder's lease runs out, and at least
+//! every couple of seconds.
+//!
+//! # Guarantee and known holes
+//!
+//! Exact exclusion among processes on this host. Lease expiry is by the
+//! host's wall clock (all processes share it); a clock stepped forward by
+//! more than a lease can free a lock early, and the local lost signal, on
+//! the monotonic clock, does not see that. Fencing tokens are persisted in
+//! the file and never fall below the wall clock in microseconds.
+
+use super::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome, Ticket,
+};
+use crate::core::acquire::QUEUE_TTL;
+use crate::core::machine::{Held, grantable, next_token};
+use crate::core::wake::Wakeups;
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Row, SqliteConnection};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The tables, created on first use (also shown in the README).
+pub(crate) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS fenced_holds (
+    hold_id    TEXT PRIMARY KEY,
+    name       TEXT NOT NULL,
+    owner      TEXT NOT NULL,      -- <client id>:<owner id>
+    mode       INTEGER NOT NULL,   -- 0 exclusive, 1 shared, 2 permits
+    take       INTEGER NOT NULL,   -- permits taken (mode 2)
+    max        INTEGER NOT NULL,   -- permits in all (mode 2)
+    token      INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL    -- host wall clock, ms since 1970
+);
+CREATE INDEX IF NOT EXISTS fenced_holds_name ON fenced_holds (name);
+CREATE TABLE IF NOT EXISTS fenced_tokens (
+    name  TEXT PRIMARY KEY,
+    token INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fenced_waiters (
+    ticket     INTEGER PRIMARY KEY AUTOINCREMENT,
+    name       TEXT NOT NULL,
+    fair       INTEGER NOT NULL,
+    wake_addr  TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fenced_waiters_name ON fenced_waiters (name, ticket);
+CREATE TABLE IF NOT EXISTS fenced_registers (
+    name  TEXT PRIMARY KEY,
+    value BLOB NOT NULL,
+    fence INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
+const PURGE_HOLDS: &str = "DELETE FROM fenced_holds WHERE name = ?1 AND expires_ms <= ?2";
+const PURGE_WAITERS: &str = "DELETE FROM fenced_waiters WHERE name = ?1 AND expires_ms <= ?2";
+const SELECT_HOLDS: &str =
+    "SELECT owner, mode, take, max, token, expires_ms FROM fenced_holds WHERE name = ?1";
+const MY_TICKET: &str = "SELECT ticket FROM fenced_waiters WHERE ticket = ?1 AND name = ?2";
+const FAIR_AHEAD: &str =
+    "SELECT EXISTS (SELECT 1 FROM fenced_waiters WHERE name = ?1 AND fair = 1 AND ticket < ?2)";
+const LAST_TOKEN: &str = "SELECT token FROM fenced_tokens WHERE name = ?1";
+const SET_TOKEN: &str = "INSERT INTO fenced_tokens (name, token) VALUES (?1, ?2)
+    ON CONFLICT (name) DO UPDATE SET token = excluded.token";
+const INSERT_HOLD: &str = "INSERT INTO fenced_holds
+    (hold_id, name, owner, mode, take, max, token, expires_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+const DELETE_TICKET: &str = "DELETE FROM fenced_waiters WHERE ticket = ?1";
+const REFRESH_TICKET: &str = "UPDATE fenced_waiters SET expires_ms = ?2 WHERE ticket = ?1";
+const INSERT_WAITER: &str = "INSERT INTO fenced_waiters (name, fair, wake_addr, expires_ms)
+    VALUES (?1, ?2, ?3, ?4) RETURNING ticket";
+const RENEW: &str =
+    "UPDATE fenced_holds SET expires_ms = ?3 WHERE hold_id = ?1 AND expires_ms > ?2";
+const RELEASE: &str = "DELETE FROM fenced_holds WHERE hold_id = ?1 RETURNING expires_ms";
+const WAKE_ADDRS: &str =
+    "SELECT DISTINCT wake_addr FROM fenced_waiters WHERE name = ?1 AND expires_ms > ?2";
+const FORGET_ADDR: &str = "DELETE FROM fenced_waiters WHERE wake_addr = ?1";
+const COUNT_WAITERS: &str =
+    "SELECT COUNT(*) FROM fenced_waiters WHERE name = ?1 AND expires_ms > ?2";
+const FORCE_RELEASE: &str = "DELETE FROM fenced_holds WHERE name = ?1";
+const REGISTER_READ: &str =
+    "SELECT CAST(value AS BLOB) AS value, fence FROM fenced_registers WHERE name = ?1";
+const REGISTER_FENCED: &str = "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, ?3)
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value, fence = excluded.fence
+    WHERE fenced_registers.fence <= excluded.fence";
+const REGISTER_UNFENCED: &str = "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 0)
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
+    SET value = CAST(CAST(CAST(value AS INTEGER) - ?2 AS TEXT) AS BLOB)
+    WHERE name = ?1 AND CAST(value AS INTEGER) >= ?2
+    RETURNING CAST(value AS INTEGER) AS value";
+
+pub(crate) struct SqliteBackend {
+    pool: SqlitePool,
+    path: PathBuf,
+    wakeups: Arc<Wakeups>,
+    wake: wake::Endpoint,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+impl SqliteBackend {
+    pub(crate) async fn open(path: &str) -> Result<Arc<dyn Backend>> {
+        let path = path.split('?').next().unwrap_or_default();
+        if path.is_empty() {
+            return Err(Error::invalid(
+                "sqlite URL has no file path; write sqlite:///absolute/path/locks.db",
+            ));
+        }
+        let path = PathBuf::from(path);
+        let opts = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10));
+        let cannot = |e: sqlx::Error| {
+            Error::unavailable(format!(
+                "cannot open the SQLite lock file {}: {e}",
+                path.display()
+            ))
+            .with_source(e)
+        };
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .min_connections(1)
+            .connect_with(opts)
+            .await
+            .map_err(cannot)?;
+        sqlx::raw_sql(SCHEMA).execute(&pool).await.map_err(cannot)?;
+        let wakeups = Arc::new(Wakeups::default());
+        let wake = wake::Endpoint::bind(wakeups.clone())?;
+        Ok(Arc::new(SqliteBackend {
+            pool,
+            path,
+            wakeups,
+            wake,
+        }))
+    }
+
+    async fn attempt_tx(&self, req: &Attempt) -> Result<(Outcome, bool)> {
+        let now = now_ms();
+        let name = req.name.as_str();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
+        let c: &mut SqliteConnection = &mut tx;
+        let purged = q(PURGE_HOLDS).bind(name).bind(now).execute(&mut *c).await.map_err(db)?;
+        let mut changed = purged.rows_affected() > 0;
+        q(PURGE_WAITERS).bind(name).bind(now).execute(&mut *c).await.map_err(db)?;
+        let rows = q(SELECT_HOLDS).bind(name).fetch_all(&mut *c).await.map_err(db)?;
+        let holds = rows.iter().map(hold_row).collect::<Result<Vec<_>>>()?;
+        let mine: Option<Ticket> = match req.ticket {
+            Some(t) => q(MY_TICKET).bind(t).bind(name).fetch_optional(&mut *c).await.map_err(db)?
+                .map(|r| r.try_get(0)).transpose().map_err(db)?,
+            None => None,
+        };
+        let queued_ahead = if req.fair {
+            let row = q(FAIR_AHEAD).bind(name).bind(mine.unwrap_or(i64::MAX))
+                .fetch_one(&mut *c).await.map_err(db)?;
+            row.try_get::<bool, _>(0).map_err(db)?
+        } else {
+            false
+        };
+        let held = holds.iter().map(|h| Held { owner_key: &h.owner, mode: h.mode });
+        let outcome = if grantable(held, &req.owner_key, req.mode, req.fair, queued_ahead) {
+            let last: Option<i64> = q(LAST_TOKEN).bind(name).fetch_optional(&mut *c).await
+                .map_err(db)?.map(|r| r.try_get(0)).transpose().map_err(db)?;
+            let token = next_token(last.unwrap_or(0).max(0) as u64);
+            let token_i = i64::try_from(token)
+                .map_err(|_| Error::protocol(format!("fencing token of {name:?} overflowed")))?;
+            q(SET_TOKEN).bind(name).bind(token_i).execute(&mut *c).await.map_err(db)?;
+            let (take, max) = req.mode.permits();
+            q(INSERT_HOLD)
+                .bind(&req.hold_id).bind(name).bind(&req.owner_key).bind(req.mode.code())
+                .bind(i64::from(take)).bind(i64::from(max)).bind(token_i)
+                .bind(now.saturating_add(ms(req.lease)))
+                .execute(&mut *c).await.map_err(db)?;
+            if let Some(t) = mine {
+                q(DELETE_TICKET).bind(t).execute(&mut *c).await.map_err(db)?;
+                // The next fair waiter may be grantable now (readers in a row).
+                changed |= req.fair;
+            }
+            Outcome::Granted { token }
+        } else {
+            let expires = now + ms(QUEUE_TTL);
+            let ticket = match (mine, req.will_wait) {
+                (Some(t), _) => {
+                    q(REFRESH_TICKET).bind(t).bind(expires).execute(&mut *c).await.map_err(db)?;
+                    Some(t)
+                }
+                (None, true) => {
+                    let row = q(INSERT_WAITER).bind(name).bind(req.fair).bind(self.wake.addr())
+                        .bind(expires).fetch_one(&mut *c).await.map_err(db)?;
+                    Some(row.try_get(0).map_err(db)?)
+                }
+                (None, false) => None,
+            };
+            let retry_after = holds
+                .iter()
+                .map(|h| Duration::from_millis((h.expires_ms - now).max(1) as u64))
+                .min();
+            Outcome::Busy(Blocked { ticket, retry_after })
+        };
+        tx.commit().await.map_err(db)?;
+        Ok((outcome, changed))
+    }
+
+    /// Wakes the waiters of `name` in every process, this one included.
+    async fn notify(&self, name: &str) {
+        self.wakeups.bump(name);
+        let rows = match q(WAKE_ADDRS).bind(name).bind(now_ms()).fetch_all(&self.pool).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not list waiters; they will re-check on their own");
+                return;
+            }
+        };
+        for row in rows {
+            let Ok(addr) = row.try_get::<String, _>(0) else { continue };
+            if addr == self.wake.addr() {
+                continue;
+            }
+            if !self.wake.send(&addr, name) {
+                // That process is gone: its rows would only cost datagrams.
+                let _ = q(FORGET_ADDR).bind(&addr).execute(&self.pool).await;
+            }
+        }
+    }
+}
+
+struct HoldRow {
+    owner: String,
+    mode: Mode,
+    token: u64,
+    expires_ms: i64,
+}
+
+fn hold_row(r: &sqlx::sqlite::SqliteRow) -> Result<HoldRow> {
+    let code: i64 = r.try_get("mode").map_err(db)?;
+    let take: i64 = r.try_get("take").map_err(db)?;
+    let max: i64 = r.try_get("max").map_err(db)?;
+    let mode = Mode::from_code(code, take as u32, max as u32)
+        .ok_or_else(|| Error::protocol(format!("fenced_holds has an unknown mode {code}")))?;
+    Ok(HoldRow {
+        owner: r.try_get("owner").map_err(db)?,
+        mode,
+        token: r.try_get::<i64, _>("token").map_err(db)? as u64,
+        expires_ms: r.try_get("expires_ms").map_err(db)?,
+    })
+}
+
+fn q(sql: &'static str) -> sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+    sqlx::query(sql)
+}
+
+/// Maps a driver error: a busy or locked database and I/O trouble are
+/// transient; a row that does not decode is a protocol error.
+fn db(e: sqlx::Error) -> Error {
+    match e {
+        sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::TypeNotFound { .. } => {
+            Error::protocol(format!("unexpected data in the SQLite lock file: {e}")).with_source(e)
+        }
+        _ => Error::unavailable(format!("SQLite: {e}")).with_source(e),
+    }
+}
+
+impl Backend for SqliteBackend {
+    fn scheme(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.wakeups
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(async move {
+            let (outcome, changed) = self.attempt_tx(req).await?;
+            if changed {
+                self.notify(req.name.as_str()).await;
+            }
+            Ok(outcome)
+        })
+    }
+
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+        Box::pin(async move {
+            let now = now_ms();
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
+            let mut out = Vec::with_capacity(holds.len());
+            for h in holds {
+                let r = q(RENEW).bind(&h.hold_id).bind(now).bind(now.saturating_add(ms(h.lease)))
+                    .execute(&mut *tx).await.map_err(db)?;
+                out.push(r.rows_affected() == 1);
+            }
+            tx.commit().await.map_err(db)?;
+            Ok(out)
+        })
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let row = q(RELEASE).bind(&hold.hold_id).fetch_optional(&self.pool).await.map_err(db)?;
+            let Some(row) = row else { return Ok(false) };
+            let expires: i64 = row.try_get(0).map_err(db)?;
+            self.notify(hold.name.as_str()).await;
+            Ok(expires > now_ms())
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        name: &'a LockName,
+        ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if let Some(t) = ticket {
+                q(DELETE_TICKET).bind(t).execute(&self.pool).await.map_err(db)?;
+            }
+            q(RELEASE).bind(hold_id).fetch_optional(&self.pool).await.map_err(db)?;
+            self.notify(name.as_str()).await;
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let now = now_ms();
+            let mut c = self.pool.acquire().await.map_err(db)?;
+            let rows = q(SELECT_HOLDS).bind(name.as_str()).fetch_all(&mut *c).await.map_err(db)?;
+            let mut holders = Vec::new();
+            for r in &rows {
+                let h = hold_row(r)?;
+                if h.expires_ms > now {
+                    holders.push(HolderInfo {
+                        owner: h.owner,
+                        mode: h.mode,
+                        token: h.token,
+                        lease_left: Duration::from_millis((h.expires_ms - now) as u64),
+                    });
+                }
+            }
+            let waiters: i64 = q(COUNT_WAITERS).bind(name.as_str()).bind(now)
+                .fetch_one(&mut *c).await.map_err(db)?.try_get(0).map_err(db)?;
+            let last: Option<i64> = q(LAST_TOKEN).bind(name.as_str()).fetch_optional(&mut *c)
+                .await.map_err(db)?.map(|r| r.try_get(0)).transpose().map_err(db)?;
+            Ok(LockStatus {
+                holders,
+                waiters: waiters as usize,
+                last_token: last.unwrap_or(0) as u64,
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let r = q(FORCE_RELEASE).bind(name.as_str()).execute(&self.pool).await.map_err(db)?;
+            self.notify(name.as_str()).await;
+            Ok(r.rows_affected() as usize)
+        })
+    }
+
+    fn register_read<'a>(
+        &'a self,
+        name: &'a LockName,
+    ) -> BoxFuture<'a, Result<Option<(Vec<u8>, u64)>>> {
+        Box::pin(async move {
+            let row = q(REGISTER_READ).bind(name.as_str()).fetch_optional(&self.pool).await
+                .map_err(db)?;
+            row.map(|r| {
+                let v: Vec<u8> = r.try_get("value").map_err(db)?;
+                let f: i64 = r.try_get("fence").map_err(db)?;
+                Ok((v, f as u64))
+            })
+            .transpose()
+        })
+    }
+
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let r = match fence {
+                Some(f) => {
+                    let f = i64::try_from(f).map_err(|_| {
+                        Error::invalid(format!("fencing token {f} is beyond what this backend issues"))
+                    })?;
+                    q(REGISTER_FENCED).bind(name.as_str()).bind(value).bind(f)
+                        .execute(&self.pool).await
+                }
+                None => q(REGISTER_UNFENCED).bind(name.as_str()).bind(value)
+                    .execute(&self.pool).await,
+            }
+            .map_err(db)?;
+            Ok(r.rows_affected() == 1)
+        })
+    }
+
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
+        Box::pin(async move {
+            let row = q(REGISTER_DECREMENT).bind(name.as_str()).bind(by)
+                .fetch_optional(&self.pool).await.map_err(db)?;
+            row.map(|r| r.try_get(0).map_err(db)).transpose()
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move { self.pool.close().await })
+    }
+}
+
+impl std::fmt::Debug for SqliteBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SqliteBackend({})", self.path.display())
+    }
+}
+
+/// Datagram wake-ups between processes (see the module docs). Written by
+/// hand: no crate offers cross-process notification for SQLite.
+mod wake {
+    use crate::core::wake::Wakeups;
+    use crate::error::{Error, Result};
+    use std::sync::Arc;
+
+    pub(super) struct Endpoint {
+        addr: String,
+        sender: std::os::unix::net::UnixDatagram,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    #[cfg(target_os = "linux")]
+    fn socket_addr(name: &str) -> std::io::Result<std::os::unix::net::SocketAddr> {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+    }
+
+    impl Endpoint {
+        #[cfg(target_os = "linux")]
+        pub(super) fn bind(wakeups: Arc<Wakeups>) -> Result<Self> {
+            let addr = format!("fenced/{}", uuid::Uuid::new_v4().simple());
+            let fail = |e: std::io::Error| {
+                Error::unavailable(format!("cannot bind a wake-up socket: {e}")).with_source(e)
+            };
+            let sock = std::os::unix::net::UnixDatagram::bind_addr(&socket_addr(&addr).map_err(fail)?)
+                .map_err(fail)?;
+            sock.set_nonblocking(true).map_err(fail)?;
+            let sock = tokio::net::UnixDatagram::from_std(sock).map_err(fail)?;
+            let sender = std::os::unix::net::UnixDatagram::unbound().map_err(fail)?;
+            sender.set_nonblocking(true).map_err(fail)?;
+            let task = tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                loop {
+                    match sock.recv(&mut buf).await {
+                        Ok(n) => {
+                            if let Ok(name) = std::str::from_utf8(&buf[..n]) {
+                                wakeups.bump(name);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "wake-up socket failed; waiters fall back to timed re-checks");
+                            return;
+                        }
+                    }
+                }
+            });
+            Ok(Endpoint { addr, sender, task })
+        }
+
+        pub(super) fn addr(&self) -> &str {
+            &self.addr
+        }
+
+        /// Sends `name` to `addr`; false when nobody listens there any more.
+        /// A full receive queue counts as delivered: that process already has
+        /// wake-ups pending.
+        pub(super) fn send(&self, addr: &str, name: &str) -> bool {
+            let Ok(to) = socket_addr(addr) else { return false };
+            match self.sender.send_to_addr(name.as_bytes(), &to) {
+                Ok(_) => true,
+                Err(e) => !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                ),
+            }
+        }
+    }
+
+    impl Drop for Endpoint {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! The client: one connection to one backend, shared by every lock made
+//! from it. Cheap to clone.
+
+use crate::backend::{Backend, HoldRef, LockStatus, Mode};
+use crate::core::hold::{Hold, HoldTable};
+use crate::core::watchdog::Watchdog;
+use crate::core::worker::{self, Job};
+use crate::error::{Error, Result};
+use crate::fence::FencedRegister;
+use crate::lock::{Lock, RwLock};
+use crate::name::LockName;
+use crate::options::MAX_PERMITS;
+use crate::owner::Owner;
+use crate::striped::StripedLock;
+use std::fmt;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// The environment variable [`Client::from_env`] reads.
+pub const BACKEND_ENV: &str = "FENCED_BACKEND";
+
+/// A connection to one lock backend.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use fenced::Client;
+/// let client = Client::connect("memory://").await?;
+/// let orders = client.mutex("orders:1001")?;
+/// let guard = orders.acquire().await?;
+/// assert!(guard.is_held());
+/// assert!(guard.release().await?);
+/// # Ok::<_, fenced::Error>(()) }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) id: String,
+    pub(crate) url: String,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) owner: Owner,
+    pub(crate) holds: HoldTable,
+    pub(crate) watchdog: Arc<Watchdog>,
+    worker: mpsc::UnboundedSender<Job>,
+}
+
+impl Client {
+    /// Connects to the backend named by `url`:
+    ///
+    /// | URL | backend |
+    /// |---|---|
+    /// | `sqlite:///path/to/locks.db` | a lease table in a local SQLite file, shared by every process on the host (feature `sqlite`, on by default) |
+    /// | `memory://` or `memory://NAMESPACE` | this process only; clients with the same namespace share locks |
+    ///
+    /// # Errors
+    /// [`InvalidInput`](crate::ErrorKind::InvalidInput) for a URL fenced
+    /// cannot parse or a backend not built in;
+    /// [`Unavailable`](crate::ErrorKind::Unavailable) when the backend
+    /// cannot be reached or opened.
+    pub async fn connect(url: &str) -> Result<Client> {
+        let backend = crate::url::open(url).await?;
+        Ok(Client::with_backend(backend, crate::url::redact(url)))
+    }
+
+    /// Connects to the URL in `FENCED_BACKEND`, or else to the SQLite file
+    /// at [`default_sqlite_path`](crate::default_sqlite_path).
+    pub async fn from_env() -> Result<Client> {
+        match std::env::var(BACKEND_ENV) {
+            Ok(url) if !url.trim().is_empty() => Client::connect(url.trim()).await,
+            _ => Client::connect(&crate::url::default_url()?).await,
+        }
+    }
+
+    pub(crate) fn with_backend(backend: Arc<dyn Backend>, url: String) -> Client {
+        let worker = worker::spawn(backend.clone());
+        Client {
+            inner: Arc::new(ClientInner {
+                id: uuid::Uuid::new_v4().simple().to_string(),
+                url,
+                watchdog: Watchdog::new(backend.clone()),
+                backend,
+                owner: Owner::new(),
+                holds: HoldTable::default(),
+                worker,
+            }),
+        }
+    }
+
+    /// This client's id: the first half of every `<client id>:<owner id>`
+    /// it records in the backend.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The backend URL, with any password replaced by `***`.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    /// The owner used by locks that are not given one.
+    pub fn owner(&self) -> &Owner {
+        &self.inner.owner
+    }
+
+    /// A mutex: one owner at a time, reentrant per owner.
+    pub fn mutex(&self, name: &str) -> Result<Lock> {
+        Ok(Lock::new(self.clone(), LockName::new(name)?, Mode::Exclusive))
+    }
+
+    /// A read-write lock: many readers or one writer.
+    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
+        Ok(RwLock::new(self.clone(), LockName::new(name)?))
+    }
+
+    /// A counting semaphore with `permits` permits; each acquisition takes
+    /// one (see [`Lock::permits`] for more), and permits of a holder that
+    /// dies come back when its lease runs out.
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Lock> {
+        if permits == 0 || permits > MAX_PERMITS {
+            return Err(Error::invalid(format!(
+                "semaphore {name:?} needs 1 to {MAX_PERMITS} permits, not {permits}"
+            )));
+        }
+        let mode = Mode::Permits {
+            take: 1,
+            max: permits,
+        };
+        Ok(Lock::new(self.clone(), LockName::new(name)?, mode))
+    }
+
+    /// A fenced register: a value that accepts writes only with a fencing
+    /// token at least as high as any it has seen.
+    pub fn register(&self, name: &str) -> Result<FencedRegister> {
+        Ok(FencedRegister::new(self.clone(), LockName::new(name)?))
+    }
+
+    /// `segments` mutexes over one hot resource (see [`StripedLock`]).
+    pub fn striped(&self, name: &str, segments: u32) -> Result<StripedLock> {
+        StripedLock::new(self.clone(), name, segments)
+    }
+
+    /// What the backend knows of the lock `name`: holders, waiters, last token.
+    pub async fn status(&self, name: &str) -> Result<LockStatus> {
+        let name = LockName::new(name)?;
+        self.inner.backend.status(&name).await
+    }
+
+    /// Waits for background releases to finish and lets go of the backend's
+    /// connections. Guards still alive are released first.
+    pub async fn close(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.inner.worker.send(Job::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+        self.inner.backend.close().await;
+    }
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("url", &self.inner.url)
+            .field("id", &self.inner.id)
+            .finish()
+    }
+}
+
+/// Sends a release to the worker unless disarmed: what makes an
+/// interrupted `release().await` still release.
+struct PendingRelease<'a> {
+    worker: &'a mpsc::UnboundedSender<Job>,
+    hold: Option<HoldRef>,
+}
+
+impl Drop for PendingRelease<'_> {
+    fn drop(&mut self) {
+        if let Some(r) = self.hold.take() {
+            let _ = self.worker.send(Job::Release(r));
+        }
+    }
+}
+
+impl ClientInner {
+    pub(crate) fn owner_key(&self, owner: &Owner) -> String {
+        format!("{}:{}", self.id, owner.id())
+    }
+
+    pub(crate) fn send(&self, job: Job) {
+        // Fails only when the runtime that ran the worker is gone; the
+        // lease then frees the lock.
+        let _ = self.worker.send(job);
+    }
+
+    /// A guard went away without `release()`.
+    pub(crate) fn drop_hold(&self, hold: &Arc<Hold>) {
+        if self.holds.leave(hold) {
+            hold.set_released();
+            tracing::debug!(lock = %hold.name(), token = hold.token, "release queued by drop");
+            self.send(Job::Release(hold.r.clone()));
+        }
+    }
+
+    pub(crate) async fn release_hold(&self, hold: Arc<Hold>) -> Result<bool> {
+        if !self.holds.leave(&hold) {
+            return Ok(hold.is_held());
+        }
+        let believed = hold.is_held();
+        hold.set_released();
+        let mut pending = PendingRelease {
+            worker: &self.worker,
+            hold: Some(hold.r.clone()),
+        };
+        let was_ours = self.backend.release(&hold.r).await?;
+        pending.hold = None;
+        tracing::debug!(lock = %hold.name(), token = hold.token, was_ours, "released");
+        Ok(was_ours && believed)
+    }
+}

@@ -1,0 +1,8 @@
+//! Generic machinery above the backend SPI, written once for every backend.
+
+pub(crate) mod acquire;
+pub(crate) mod hold;
+pub(crate) mod machine;
+pub(crate) mod wake;
+pub(crate) mod watchdog;
+pub(crate) mod worker;

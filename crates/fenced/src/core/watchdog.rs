@@ -1,0 +1,166 @@
+//! The watchdog: ONE renewal task per client for all its renewed holds.
+//!
+//! Holds wait in a schedule ordered by their next renewal time. When the
+//! earliest is due, the task takes every hold due within a quarter of its
+//! own interval and renews them in one backend call per 1,000 holds (one
+//! transaction, pipeline or script), so 100,000 leases cost a few calls per
+//! tick, not 100,000 timers. The task exits when nothing is scheduled and
+//! is started again by the next hold.
+
+use crate::backend::Backend;
+use crate::core::hold::{Hold, LostReason};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+const BATCH: usize = 1000;
+
+pub(crate) struct Watchdog {
+    backend: Arc<dyn Backend>,
+    sched: Mutex<Sched>,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct Sched {
+    queue: BTreeMap<(Instant, u64), Arc<Hold>>,
+    seq: u64,
+    running: bool,
+}
+
+impl Watchdog {
+    pub(crate) fn new(backend: Arc<dyn Backend>) -> Arc<Self> {
+        Arc::new(Watchdog {
+            backend,
+            sched: Mutex::default(),
+            notify: Notify::new(),
+        })
+    }
+
+    fn sched(&self) -> std::sync::MutexGuard<'_, Sched> {
+        self.sched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts renewing `hold` one interval from now.
+    pub(crate) fn watch(self: &Arc<Self>, hold: Arc<Hold>) {
+        let at = Instant::now() + hold.renew_interval();
+        let (spawn, wake) = {
+            let mut s = self.sched();
+            let earliest = s.queue.keys().next().map(|k| k.0);
+            s.seq += 1;
+            let seq = s.seq;
+            s.queue.insert((at, seq), hold);
+            if s.running {
+                (false, earliest.is_none_or(|e| at < e))
+            } else {
+                s.running = true;
+                (true, false)
+            }
+        };
+        if spawn {
+            tokio::spawn(self.clone().run());
+        } else if wake {
+            self.notify.notify_one();
+        }
+    }
+
+    fn schedule(&self, hold: Arc<Hold>, at: Instant) {
+        let mut s = self.sched();
+        s.seq += 1;
+        let seq = s.seq;
+        s.queue.insert((at, seq), hold);
+    }
+
+    /// Takes the due batch, or says how long to sleep; `None` = nothing left.
+    fn due(&self) -> Option<Result<Vec<Arc<Hold>>, Instant>> {
+        let mut s = self.sched();
+        let now = Instant::now();
+        // Drop holds that were released or already lost.
+        s.queue.retain(|_, h| !h.is_released() && h.state().lost.is_none());
+        let Some((&(first, _), _)) = s.queue.iter().next() else {
+            s.running = false;
+            return None;
+        };
+        if first > now {
+            return Some(Err(first));
+        }
+        let mut batch = Vec::new();
+        let keys: Vec<_> = s
+            .queue
+            .iter()
+            .filter(|((at, _), h)| *at <= now + h.renew_interval() / 4)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            if let Some(h) = s.queue.remove(&k) {
+                batch.push(h);
+            }
+        }
+        Some(Ok(batch))
+    }
+
+    async fn run(self: Arc<Self>) {
+        loop {
+            let batch = match self.due() {
+                None => return,
+                Some(Err(next)) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(next) => {}
+                        _ = self.notify.notified() => {}
+                    }
+                    continue;
+                }
+                Some(Ok(batch)) => batch,
+            };
+            let (live, expired): (Vec<_>, Vec<_>) = batch.into_iter().partition(|h| h.is_held());
+            for h in expired {
+                h.mark_lost(LostReason::Expired);
+            }
+            for chunk in live.chunks(BATCH) {
+                self.renew(chunk).await;
+            }
+        }
+    }
+
+    async fn renew(&self, holds: &[Arc<Hold>]) {
+        let refs: Vec<_> = holds.iter().map(|h| h.r.clone()).collect();
+        let sent = Instant::now();
+        // A renewal that takes longer than the shortest lease is useless.
+        let limit = holds
+            .iter()
+            .map(|h| h.lease_left())
+            .min()
+            .unwrap_or(Duration::ZERO)
+            .max(Duration::from_millis(1));
+        match tokio::time::timeout(limit, self.backend.renew(&refs)).await {
+            Ok(Ok(results)) => {
+                for (h, still) in holds.iter().zip(results) {
+                    if still {
+                        h.confirm(sent);
+                        tracing::trace!(lock = %h.r.name, token = h.token, "renewed");
+                        self.schedule(h.clone(), sent + h.renew_interval());
+                    } else {
+                        h.mark_lost(LostReason::Taken);
+                    }
+                }
+            }
+            failed => {
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {limit:?}"),
+                };
+                tracing::warn!(holds = holds.len(), error = %why, "lease renewal failed; retrying");
+                for h in holds {
+                    if h.is_held() {
+                        let retry = (h.renew_interval() / 3).min(h.lease_left());
+                        self.schedule(h.clone(), Instant::now() + retry);
+                    } else {
+                        h.mark_lost(LostReason::Expired);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! # fenced: distributed locks that tell you when you lost them
+//!
+//! fenced gives services on many machines mutexes, read-write locks,
+//! semaphores, MultiLocks and segmented locks over the engines they already
+//! run, with a lease renewed by a watchdog, a **fencing token** on every
+//! acquisition and a **lost signal** on every guard. This release ships the
+//! embedded SQLite backend (the default: no server, every process on the
+//! host shares the lock file) and an in-process `memory://` backend.
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use std::time::Duration;
+//! # let dir = tempfile_dir();
+//! # let url = format!("sqlite://{}/locks.db", dir);
+//! let client = fenced::Client::connect(&url).await?;  // e.g. sqlite:///var/lib/app/locks.db
+//! let lock = client.mutex("cron:send-invoices")?;
+//! match lock.acquire_timeout(Duration::from_secs(1)).await? {
+//!     Some(guard) => {
+//!         // Pass the token to whatever you write, so a stale holder is refused:
+//!         let ledger = client.register("invoices:last-run")?;
+//!         ledger.write(&guard, b"2026-11-22").await?;
+//!         tokio::select! {
+//!             _ = async { /* the job */ } => {}
+//!             reason = guard.lost() => eprintln!("lost the lock: {reason}; stopping"),
+//!         }
+//!         guard.release().await?;
+//!     }
+//!     None => println!("another instance is sending invoices"),
+//! }
+//! # Ok::<_, fenced::Error>(()) }).unwrap();
+//! # fn tempfile_dir() -> String {
+//! #     let d = std::env::temp_dir().join(format!("fenced-doc-{}", std::process::id()));
+//! #     std::fs::create_dir_all(&d).unwrap();
+//! #     d.display().to_string()
+//! # }
+//! ```
+//!
+//! ## The contract, on every backend
+//!
+//! - **Lease**: every hold has one; by default 30 s renewed every 10 s by
+//!   one watchdog task per client, or a fixed lease with no renewal.
+//! - **Fencing token**: strictly greater than every token issued before for
+//!   the same name on that backend.
+//! - **Lost signal**: [`Guard::is_held`] answers without a round trip and
+//!   turns false the moment the lease confirmed by the backend has run out
+//!   on the local clock; [`Guard::lost`] resolves then, or when a renewal
+//!   finds the hold gone.
+//! - **Owner-only release**, **reentrancy per [`Owner`]**, **blocking,
+//!   try and timed acquisition**, **fair mode**, **cancellation safety**.
+//! - **Errors** have a [`kind`](Error::kind); bad input is refused before any I/O.
+
+mod backend;
+mod client;
+pub(crate) mod core;
+mod error;
+mod fence;
+mod guard;
+mod lock;
+mod multi;
+mod name;
+mod options;
+mod owner;
+mod retry;
+mod striped;
+mod url;
+
+pub use crate::backend::{HolderInfo, LockStatus, Mode};
+pub use crate::client::{BACKEND_ENV, Client};
+pub use crate::core::hold::LostReason;
+pub use crate::error::{Error, ErrorKind, Result};
+pub use crate::fence::FencedRegister;
+pub use crate::guard::Guard;
+pub use crate::lock::{Lock, RwLock};
+pub use crate::multi::{MultiGuard, MultiLock};
+pub use crate::name::{LockName, MAX_NAME_LEN};
+pub use crate::options::{
+    DEFAULT_LEASE, Lease, LockOptions, MAX_LEASE, MAX_PERMITS, MIN_LEASE,
+};
+pub use crate::owner::{MAX_OWNER_LEN, Owner};
+pub use crate::retry::RetryPolicy;
+pub use crate::striped::{MAX_SEGMENTS, StripedLock};
+pub use crate::url::default_sqlite_path;

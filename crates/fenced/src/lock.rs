@@ -1,0 +1,284 @@
+//! Lock handles: mutex, the two sides of a read-write lock, and semaphores
+//! are one type, [`Lock`], in different [`Mode`]s.
+
+use crate::backend::{LockStatus, Mode};
+use crate::client::Client;
+use crate::core::acquire::{self, Wait};
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::Guard;
+use crate::name::LockName;
+use crate::options::{Lease, LockOptions};
+use crate::owner::Owner;
+use crate::retry::RetryPolicy;
+use std::fmt;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A handle on one lock; acquiring it yields a [`Guard`].
+///
+/// Made by [`Client::mutex`], [`Client::semaphore`] and [`RwLock`]; cheap
+/// to clone. The builder methods set options for the acquisitions made
+/// through this handle:
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::time::Duration;
+/// let client = fenced::Client::connect("memory://").await?;
+/// let lock = client
+///     .mutex("reports:nightly")?
+///     .lease(Duration::from_secs(10))   // renewed every ~3.3 s while held
+///     .fair(true)                       // first come, first served
+///     .wait_timeout(Duration::from_secs(5));
+/// let guard = lock.acquire().await?;    // TimedOut after 5 s of waiting
+/// let token = guard.fencing_token();
+/// // Another owner cannot take it meanwhile ...
+/// let rival = lock.clone().owner(&fenced::Owner::new());
+/// assert!(rival.try_acquire().await?.is_none());
+/// // ... and the same owner re-enters with the same token.
+/// let nested = lock.acquire().await?;
+/// assert_eq!((nested.fencing_token(), nested.hold_count()), (token, 2));
+/// # Ok::<_, fenced::Error>(()) }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    pub(crate) client: Client,
+    pub(crate) name: LockName,
+    pub(crate) mode: Mode,
+    pub(crate) opts: LockOptions,
+    misuse: Option<String>,
+}
+
+impl Lock {
+    pub(crate) fn new(client: Client, name: LockName, mode: Mode) -> Self {
+        Lock {
+            client,
+            name,
+            mode,
+            opts: LockOptions::default(),
+            misuse: None,
+        }
+    }
+
+    /// The lease, kept as renewed or fixed as it was (renewed by default).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.opts.lease = match self.opts.lease {
+            Lease::Renewed(_) => Lease::Renewed(lease),
+            Lease::Fixed(_) => Lease::Fixed(lease),
+        };
+        self
+    }
+
+    /// Turns watchdog renewal on (the default) or off.
+    pub fn watchdog(mut self, on: bool) -> Self {
+        let d = self.opts.lease.duration();
+        self.opts.lease = if on {
+            Lease::Renewed(d)
+        } else {
+            Lease::Fixed(d)
+        };
+        self
+    }
+
+    /// A lease that is never renewed: the hold ends after `lease` and the
+    /// guard's lost signal fires then.
+    pub fn fixed_lease(self, lease: Duration) -> Self {
+        self.lease(lease).watchdog(false)
+    }
+
+    /// First come, first served among fair waiters. Waiters that are not
+    /// fair may still barge in.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.opts.fair = fair;
+        self
+    }
+
+    /// How long [`acquire`](Lock::acquire) waits before it fails with
+    /// [`TimedOut`](ErrorKind::TimedOut); `Duration::ZERO` makes it fail
+    /// at once with [`WouldBlock`](ErrorKind::WouldBlock). Unset: for ever.
+    pub fn wait_timeout(mut self, wait: Duration) -> Self {
+        self.opts.wait_timeout = Some(wait);
+        self
+    }
+
+    /// The policy for retrying transient backend errors while acquiring.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.opts.retry = policy;
+        self
+    }
+
+    /// Acquire on behalf of `owner` instead of the client's default owner.
+    pub fn owner(mut self, owner: &Owner) -> Self {
+        self.opts.owner = Some(owner.clone());
+        self
+    }
+
+    /// For a semaphore: how many permits each acquisition takes (1 by default).
+    pub fn permits(mut self, take: u32) -> Self {
+        match &mut self.mode {
+            Mode::Permits { take: t, max } => {
+                if take == 0 || take > *max {
+                    self.misuse = Some(format!(
+                        "semaphore {:?} has {max} permits; cannot take {take}",
+                        self.name.as_str()
+                    ));
+                } else {
+                    *t = take;
+                }
+            }
+            _ => {
+                self.misuse = Some(format!(
+                    "permits() applies to semaphores; {:?} is a {:?} lock",
+                    self.name.as_str(),
+                    self.mode
+                ))
+            }
+        }
+        self
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.name.as_str()
+    }
+
+    /// How this handle holds the lock.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The options set on this handle.
+    pub fn options(&self) -> &LockOptions {
+        &self.opts
+    }
+
+    /// The client this handle was made from.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        if let Some(m) = &self.misuse {
+            return Err(Error::invalid(m.clone()));
+        }
+        self.opts.validate()?;
+        if self.opts.fair && !self.client.inner.backend.supports_fair() {
+            return Err(Error::invalid(format!(
+                "the {} backend has no fair mode",
+                self.client.inner.backend.scheme()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Waits until the lock is held (or the [`wait_timeout`](Lock::wait_timeout) passes).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing behind: a queue place or a grant
+    /// that raced with the drop is withdrawn in the background.
+    pub async fn acquire(&self) -> Result<Guard> {
+        let wait = match self.opts.wait_timeout {
+            None => Wait::Until(None),
+            Some(d) if d.is_zero() => Wait::No,
+            Some(d) => Wait::Until(Some(Instant::now() + d)),
+        };
+        match acquire::run(self, wait).await? {
+            Some(guard) => Ok(guard),
+            None => Err(match self.opts.wait_timeout {
+                Some(d) if !d.is_zero() => Error::new(
+                    ErrorKind::TimedOut,
+                    format!("lock {:?} was not acquired within {d:?}", self.name()),
+                ),
+                _ => Error::new(
+                    ErrorKind::WouldBlock,
+                    format!("lock {:?} is held", self.name()),
+                ),
+            }),
+        }
+    }
+
+    /// Takes the lock if it is free now; `Ok(None)` if it is not. Never waits.
+    ///
+    /// # Cancel safety
+    /// As for [`acquire`](Lock::acquire).
+    pub async fn try_acquire(&self) -> Result<Option<Guard>> {
+        acquire::run(self, Wait::No).await
+    }
+
+    /// Waits up to `wait` for the lock; `Ok(None)` if it was not had in time.
+    ///
+    /// # Cancel safety
+    /// As for [`acquire`](Lock::acquire).
+    pub async fn acquire_timeout(&self, wait: Duration) -> Result<Option<Guard>> {
+        let w = if wait.is_zero() {
+            Wait::No
+        } else {
+            Wait::Until(Some(Instant::now() + wait))
+        };
+        acquire::run(self, w).await
+    }
+
+    /// What the backend knows of this lock.
+    pub async fn status(&self) -> Result<LockStatus> {
+        self.client.inner.backend.status(&self.name).await
+    }
+
+    /// Drops every hold of this lock, whoever holds it: an operator's
+    /// "break lock" (Redisson's `forceUnlock`). The holders' lost signals
+    /// fire at their next renewal. Returns how many holds were dropped.
+    pub async fn force_unlock(&self) -> Result<usize> {
+        self.client.inner.backend.force_release(&self.name).await
+    }
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &self.name)
+            .field("mode", &self.mode)
+            .field("options", &self.opts)
+            .finish()
+    }
+}
+
+/// A read-write lock: many readers, or one writer. Reentrant per owner; a
+/// writer may also take read (and keeps it after releasing write: the
+/// downgrade). A reader asking for write is refused with
+/// [`InvalidInput`](ErrorKind::InvalidInput): two readers upgrading at
+/// once would wait on each other for ever.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let client = fenced::Client::connect("memory://").await?;
+/// let rw = client.rwlock("config")?;
+/// let a = rw.read().acquire().await?;
+/// let other = fenced::Owner::new();
+/// let b = rw.read().owner(&other).acquire().await?;   // readers share
+/// assert!(rw.write().owner(&other).try_acquire().await?.is_none());
+/// # Ok::<_, fenced::Error>(()) }).unwrap();
+/// ```
+#[derive(Clone, Debug)]
+pub struct RwLock {
+    client: Client,
+    name: LockName,
+}
+
+impl RwLock {
+    pub(crate) fn new(client: Client, name: LockName) -> Self {
+        RwLock { client, name }
+    }
+
+    /// The read side: shared with other readers.
+    pub fn read(&self) -> Lock {
+        Lock::new(self.client.clone(), self.name.clone(), Mode::Shared)
+    }
+
+    /// The write side: exclusive.
+    pub fn write(&self) -> Lock {
+        Lock::new(self.client.clone(), self.name.clone(), Mode::Exclusive)
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.name.as_str()
+    }
+}

@@ -1,0 +1,157 @@
+//! Retry policies for operations that fail transiently.
+//!
+//! These are Curator's four policies from the seeds (exponential backoff,
+//! N times, until elapsed, one time) plus `never`. Every backend uses them
+//! the same way: an acquisition or renewal that meets an
+//! [`Unavailable`](crate::ErrorKind::Unavailable) error asks the policy
+//! whether, and after how long, to try again.
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// When to retry an operation that failed transiently.
+///
+/// ```
+/// use fenced::RetryPolicy;
+/// use std::time::Duration;
+/// let p = RetryPolicy::exponential(Duration::from_millis(50), Duration::from_secs(2), 10).unwrap();
+/// // The first retry waits about 50 ms (up to 25% jitter either way) ...
+/// let d = p.delay(0, Duration::ZERO).unwrap();
+/// assert!(d >= Duration::from_millis(37) && d <= Duration::from_millis(63));
+/// // ... and after 10 retries it gives up.
+/// assert_eq!(p.delay(10, Duration::ZERO), None);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RetryPolicy {
+    /// Never retry.
+    Never,
+    /// Retry once after `sleep`.
+    OneTime {
+        /// Pause before the retry.
+        sleep: Duration,
+    },
+    /// Retry up to `times` times, `sleep` apart.
+    NTimes {
+        /// How many retries.
+        times: u32,
+        /// Pause between retries.
+        sleep: Duration,
+    },
+    /// Retry every `sleep` until `max_elapsed` has passed since the first try.
+    UntilElapsed {
+        /// Give up once this much time has passed since the first try.
+        max_elapsed: Duration,
+        /// Pause between retries.
+        sleep: Duration,
+    },
+    /// Retry up to `max_retries` times, doubling the pause from `base` up to
+    /// `cap`, each pause jittered by ±25% so that clients that failed
+    /// together do not retry together.
+    Exponential {
+        /// First pause.
+        base: Duration,
+        /// Longest pause.
+        cap: Duration,
+        /// How many retries.
+        max_retries: u32,
+    },
+}
+
+impl Default for RetryPolicy {
+    /// Exponential from 50 ms to 2 s, 30 retries: rides out a server
+    /// restart or a failover of a minute without hammering it.
+    fn default() -> Self {
+        RetryPolicy::Exponential {
+            base: Duration::from_millis(50),
+            cap: Duration::from_secs(2),
+            max_retries: 30,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Exponential backoff, checked: `base` must be non-zero and at most `cap`.
+    pub fn exponential(base: Duration, cap: Duration, max_retries: u32) -> Result<Self> {
+        let p = RetryPolicy::Exponential {
+            base,
+            cap,
+            max_retries,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Checks the policy's numbers.
+    pub fn validate(&self) -> Result<()> {
+        match *self {
+            RetryPolicy::Exponential { base, cap, .. } => {
+                if base.is_zero() {
+                    return Err(Error::invalid("exponential retry base must be above zero"));
+                }
+                if base > cap {
+                    return Err(Error::invalid(format!(
+                        "exponential retry base {base:?} is above its cap {cap:?}"
+                    )));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The pause before retry number `retry` (0 for the first retry), given
+    /// the time since the first try; `None` means give up.
+    pub fn delay(&self, retry: u32, elapsed: Duration) -> Option<Duration> {
+        match *self {
+            RetryPolicy::Never => None,
+            RetryPolicy::OneTime { sleep } => (retry == 0).then_some(sleep),
+            RetryPolicy::NTimes { times, sleep } => (retry < times).then_some(sleep),
+            RetryPolicy::UntilElapsed { max_elapsed, sleep } => {
+                (elapsed + sleep <= max_elapsed).then_some(sleep)
+            }
+            RetryPolicy::Exponential {
+                base,
+                cap,
+                max_retries,
+            } => {
+                if retry >= max_retries {
+                    return None;
+                }
+                let raw = base.saturating_mul(1u32 << retry.min(30)).min(cap);
+                Some(jitter(raw))
+            }
+        }
+    }
+}
+
+/// `d` scaled by a random factor in [0.75, 1.25].
+pub(crate) fn jitter(d: Duration) -> Duration {
+    d.mul_f64(0.75 + fastrand::f64() * 0.5)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies() {
+        let s = Duration::from_millis(10);
+        assert_eq!(RetryPolicy::Never.delay(0, Duration::ZERO), None);
+        assert_eq!(RetryPolicy::OneTime { sleep: s }.delay(0, Duration::ZERO), Some(s));
+        assert_eq!(RetryPolicy::OneTime { sleep: s }.delay(1, Duration::ZERO), None);
+        let n = RetryPolicy::NTimes { times: 2, sleep: s };
+        assert_eq!(n.delay(1, Duration::ZERO), Some(s));
+        assert_eq!(n.delay(2, Duration::ZERO), None);
+        let u = RetryPolicy::UntilElapsed {
+            max_elapsed: Duration::from_millis(100),
+            sleep: s,
+        };
+        assert_eq!(u.delay(50, Duration::from_millis(90)), Some(s));
+        assert_eq!(u.delay(0, Duration::from_millis(95)), None);
+        let e = RetryPolicy::exponential(s, Duration::from_millis(80), 100).unwrap();
+        let d = e.delay(20, Duration::ZERO).unwrap();
+        assert!(d <= Duration::from_millis(100) && d >= Duration::from_millis(60));
+        assert!(RetryPolicy::exponential(Duration::ZERO, s, 1).is_err());
+        assert!(RetryPolicy::exponential(Duration::from_secs(1), s, 1).is_err());
+    }
+}
