@@ -1,1 +1,117 @@
-fn main() {}
+//! `fenced`: run a command under a distributed lock, inspect locks, and
+//! see what a lock is for in the flash-sale demo.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use std::time::Duration;
+
+mod demo;
+mod run;
+mod status;
+
+/// Exit code when the lock was not had within `--wait` (EX_TEMPFAIL).
+pub(crate) const EXIT_NOT_ACQUIRED: u8 = 75;
+/// Exit code when the lock was lost while CMD ran and CMD was killed.
+pub(crate) const EXIT_LOST: u8 = 76;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "fenced",
+    version,
+    about = "Distributed locks with fencing tokens: like flock(1), but across machines",
+    after_help = "Backend: --backend URL, else $FENCED_BACKEND, else an SQLite file at \
+                  $XDG_STATE_HOME/fenced/locks.db (default ~/.local/state/fenced/locks.db), \
+                  shared by every fenced process on this host.\n\
+                  URLs: sqlite:///path/locks.db, memory:// (this process only).\n\
+                  Logs: FENCED_LOG=debug (tracing filter syntax)."
+)]
+struct Cli {
+    /// Backend URL (sqlite:///path/locks.db, memory://).
+    #[arg(long, global = true, env = "FENCED_BACKEND", value_name = "URL")]
+    backend: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Hold lock NAME while CMD runs, renewing its lease.
+    ///
+    /// CMD gets FENCED_LOCK (the name) and FENCED_TOKEN (the fencing token)
+    /// in its environment. fenced exits with CMD's exit code; 75 if the lock
+    /// was not had within --wait; 76 if the lock was lost and CMD killed.
+    Run(run::RunArgs),
+    /// Show whether lock NAME is held, by whom, its token and lease left.
+    Status(status::StatusArgs),
+    /// Demonstrations with real worker processes.
+    #[command(subcommand)]
+    Demo(demo::Demo),
+    #[command(hide = true)]
+    DemoWorker(demo::WorkerArgs),
+}
+
+/// Parses `500ms`, `30s`, `2m`, `1h`, or `0`.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s.trim())
+        .map_err(|_| format!("{s:?} is not a duration; write it like 500ms, 30s or 2m"))
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind as K;
+            if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // One line that names the bad value; `--help` has the rest.
+            let text = e.render().to_string();
+            let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            eprintln!("fenced: {}", line.trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FENCED_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fenced: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let backend = cli.backend.filter(|b| !b.trim().is_empty());
+    rt.block_on(async move {
+        let result = match cli.command {
+            Command::Run(args) => run::run(backend, args).await,
+            Command::Status(args) => status::status(backend, args).await,
+            Command::Demo(demo) => demo::demo(backend, demo).await,
+            Command::DemoWorker(args) => demo::worker(backend, args).await,
+        };
+        match result {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("fenced: {e:#}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// Connects to the backend the user named, or the default SQLite file.
+pub(crate) async fn connect(backend: Option<&str>) -> anyhow::Result<fenced::Client> {
+    Ok(match backend {
+        Some(url) => fenced::Client::connect(url).await?,
+        None => fenced::Client::from_env().await?,
+    })
+}

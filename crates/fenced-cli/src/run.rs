@@ -1,0 +1,114 @@
+//! `fenced run NAME -- CMD`: flock(1) across machines.
+
+use crate::{EXIT_LOST, EXIT_NOT_ACQUIRED, connect, parse_duration};
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio::signal::unix::{SignalKind, signal};
+
+#[derive(Args, Debug)]
+pub(crate) struct RunArgs {
+    /// The lock's name.
+    name: String,
+    /// How long to wait for the lock: 0 = do not wait; unset = for ever.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", allow_hyphen_values = true)]
+    wait: Option<Duration>,
+    /// The lease, renewed every third of it while CMD runs.
+    #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION", allow_hyphen_values = true)]
+    lease: Duration,
+    /// What to do with CMD if the lock is lost while it runs.
+    #[arg(long, value_enum, default_value_t = OnLost::Kill)]
+    on_lost: OnLost,
+    /// Wait in first-come, first-served order.
+    #[arg(long)]
+    fair: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    cmd: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OnLost {
+    /// Kill CMD (SIGKILL to its process group) and exit 76.
+    Kill,
+    /// Log a warning and let CMD finish.
+    Ignore,
+}
+
+pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let client = connect(backend.as_deref()).await?;
+    let lock = client.mutex(&args.name)?.lease(args.lease).fair(args.fair);
+    let guard = match args.wait {
+        None => Some(lock.acquire().await?),
+        Some(d) if d.is_zero() => lock.try_acquire().await?,
+        Some(d) => lock.acquire_timeout(d).await?,
+    };
+    let Some(guard) = guard else {
+        let wait = args.wait.map(|d| humantime::format_duration(d).to_string());
+        eprintln!(
+            "fenced: lock {:?} is held elsewhere; not acquired within {}",
+            args.name,
+            wait.as_deref().unwrap_or("the wait")
+        );
+        return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
+    };
+    let token = guard.fencing_token();
+    let mut child = tokio::process::Command::new(&args.cmd[0])
+        .args(&args.cmd[1..])
+        .env("FENCED_LOCK", &args.name)
+        .env("FENCED_TOKEN", token.to_string())
+        .process_group(0)
+        .spawn();
+    let child = match child.as_mut() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fenced: cannot run {:?}: {e}", args.cmd[0]);
+            guard.release().await?;
+            client.close().await;
+            return Ok(ExitCode::from(127));
+        }
+    };
+    let pgid = Pid::from_raw(child.id().context("the child has no pid")? as i32);
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let lost = guard.lost();
+    tokio::pin!(lost);
+    let mut lost_seen = false;
+    let code = loop {
+        tokio::select! {
+            status = child.wait() => break exit_code(status?),
+            reason = &mut lost, if !lost_seen => {
+                lost_seen = true;
+                if args.on_lost == OnLost::Kill {
+                    eprintln!("fenced: lost lock {:?} (token {token}): {reason}; killing the command", args.name);
+                    let _ = killpg(pgid, Signal::SIGKILL);
+                    let _ = child.wait().await;
+                    break ExitCode::from(EXIT_LOST);
+                }
+                eprintln!("fenced: lost lock {:?} (token {token}): {reason}; the command goes on (--on-lost ignore)", args.name);
+            }
+            _ = sigterm.recv() => { let _ = killpg(pgid, Signal::SIGTERM); }
+            _ = sigint.recv() => { let _ = killpg(pgid, Signal::SIGINT); }
+            _ = sighup.recv() => { let _ = killpg(pgid, Signal::SIGHUP); }
+        }
+    };
+    if let Err(e) = guard.release().await {
+        eprintln!("fenced: releasing {:?} failed ({e}); its lease will free it", args.name);
+    }
+    client.close().await;
+    Ok(code)
+}
+
+/// CMD's exit code, or 128 + the signal that ended it (as shells report).
+fn exit_code(status: std::process::ExitStatus) -> ExitCode {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => ExitCode::from(c.clamp(0, 255) as u8),
+        (None, Some(s)) => ExitCode::from((128 + s).clamp(0, 255) as u8),
+        _ => ExitCode::FAILURE,
+    }
+}

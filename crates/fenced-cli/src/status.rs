@@ -1,0 +1,66 @@
+//! `fenced status NAME`.
+
+use crate::connect;
+use clap::Args;
+use fenced::Mode;
+use std::process::ExitCode;
+
+#[derive(Args, Debug)]
+pub(crate) struct StatusArgs {
+    /// The lock's name.
+    name: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn mode_str(m: Mode) -> String {
+    match m {
+        Mode::Exclusive => "exclusive".into(),
+        Mode::Shared => "shared".into(),
+        Mode::Permits { take, max } => format!("{take} of {max} permits"),
+    }
+}
+
+pub(crate) async fn status(backend: Option<String>, args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let client = connect(backend.as_deref()).await?;
+    let st = client.status(&args.name).await?;
+    if args.json {
+        let holders: Vec<_> = st
+            .holders
+            .iter()
+            .map(|h| {
+                serde_json::json!({
+                    "owner": h.owner,
+                    "mode": mode_str(h.mode),
+                    "token": h.token,
+                    "lease_left_ms": h.lease_left.as_millis() as u64,
+                })
+            })
+            .collect();
+        let out = serde_json::json!({
+            "name": args.name,
+            "backend": client.url(),
+            "held": !st.is_free(),
+            "holders": holders,
+            "waiters": st.waiters,
+            "last_token": st.last_token,
+        });
+        println!("{out}");
+    } else if st.is_free() {
+        println!("{}: free (last token {}, {} waiting)", args.name, st.last_token, st.waiters);
+    } else {
+        println!("{}: held ({} waiting)", args.name, st.waiters);
+        for h in &st.holders {
+            println!(
+                "  holder {}  {}  token {}  lease left {:.1}s",
+                h.owner,
+                mode_str(h.mode),
+                h.token,
+                h.lease_left.as_secs_f64()
+            );
+        }
+    }
+    client.close().await;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,129 @@
+//! The `fenced` command as a user runs it.
+
+use std::process::{Command, Output};
+
+fn fenced(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fenced"))
+        .arg("--backend")
+        .arg(url)
+        .args(args)
+        .output()
+        .expect("run fenced")
+}
+
+fn sqlite_url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite://{}", dir.path().join("locks.db").display())
+}
+
+#[test]
+fn run_passes_token_and_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let out = fenced(&url, &["run", "job", "--", "sh", "-c", "echo $FENCED_LOCK $FENCED_TOKEN; exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut words = text.split_whitespace();
+    assert_eq!(words.next(), Some("job"));
+    let token: u64 = words.next().unwrap().parse().unwrap();
+    let status = fenced(&url, &["status", "job", "--json"]);
+    assert!(status.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["held"], false);
+    assert_eq!(v["last_token"].as_u64(), Some(token));
+}
+
+#[test]
+fn busy_lock_exits_75_without_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fenced"));
+    let mut holder = fenced_testkit::process::spawn_run(bin, &url, "busy", &[], &["sleep", "30"]);
+    let t = fenced_testkit::Timing::default();
+    let deadline = std::time::Instant::now() + t.eventually();
+    loop {
+        let v: serde_json::Value =
+            serde_json::from_slice(&fenced(&url, &["status", "busy", "--json"]).stdout).unwrap();
+        if v["held"] == true {
+            assert_eq!(v["holders"].as_array().unwrap().len(), 1);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the holder never took the lock");
+        std::thread::sleep(t.ms(20));
+    }
+    let out = fenced(&url, &["run", "busy", "--wait", "0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("busy"));
+    let out = fenced(&url, &["run", "busy", "--wait", "200ms", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75));
+    fenced_testkit::process::kill_group(&mut holder);
+}
+
+#[test]
+fn lost_lock_kills_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fenced"));
+    let mut holder = fenced_testkit::process::spawn_run(bin, &url, "victim", &["--lease", "300ms"], &["sleep", "60"]);
+    let t = fenced_testkit::Timing::default();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let client = fenced::Client::connect(&url).await.unwrap();
+        let lock = client.mutex("victim").unwrap();
+        let deadline = tokio::time::Instant::now() + t.eventually();
+        while lock.status().await.unwrap().is_free() {
+            assert!(tokio::time::Instant::now() < deadline, "the holder never took the lock");
+            tokio::time::sleep(t.ms(20)).await;
+        }
+        assert_eq!(lock.force_unlock().await.unwrap(), 1);
+    });
+    let status = holder.wait().unwrap();
+    assert_eq!(status.code(), Some(76), "fenced run must kill CMD and exit 76 when the lock is lost");
+    let mut err = String::new();
+    use std::io::Read;
+    holder.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(err.contains("lost lock"), "{err}");
+}
+
+#[test]
+fn bad_arguments_get_one_line_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    for (args, needle) in [
+        (vec!["run", "x", "--wait", "soon", "--", "true"], "soon"),
+        (vec!["run", "x", "--lease", "-1s", "--", "true"], "-1s"),
+        (vec!["demo", "flash-sale", "--workers", "0"], "0"),
+    ] {
+        let out = fenced(&url, &args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(needle), "{err}");
+    }
+    let out = fenced("redis-ish://x", &["status", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("redis-ish"));
+    let out = fenced(&url, &["run", "", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lock name is empty"));
+    let out = fenced(&url, &["run", "x", "--lease", "0", "--", "true"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lease"), "zero lease must be refused");
+    assert_ne!(out.status.code(), Some(0));
+    let out = fenced("sqlite:///nonexistent-dir/sub/locks.db", &["status", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-dir/sub/locks.db"));
+}
+
+#[test]
+fn flash_sale_sells_exactly_the_stock_with_a_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let out = fenced(&url, &["demo", "flash-sale", "--stock", "60", "--workers", "4", "--attempts", "2000"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for mode in ["lock", "segmented", "atomic"] {
+        let row = text.lines().find(|l| l.starts_with(mode)).unwrap_or_else(|| panic!("{text}"));
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!((cols[1], cols[2]), ("60", "0"), "{mode}: {row}");
+    }
+    assert!(text.lines().any(|l| l.starts_with("none")), "{text}");
+}

@@ -1,0 +1,472 @@
+//! The lock contract as tests, run against every backend by
+//! [`conformance_suite!`](crate::conformance_suite). Each test takes a
+//! [`Fixture`], uses names no other test uses, and bounds every wait with
+//! [`Timing`]; none asserts on speed.
+
+use crate::{Fixture, Timing, unique};
+use fenced::{ErrorKind, LostReason, MultiLock, Owner};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::time::timeout;
+
+/// Many tasks on several clients: never two inside, and a register
+/// incremented inside the lock loses no update.
+pub async fn mutual_exclusion_tasks(fx: &Fixture) {
+    const CLIENTS: usize = 3;
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 15;
+    let name = unique("mx");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let client = fx.client().await;
+        for _ in 0..TASKS {
+            let lock = client.mutex(&name).unwrap().owner(&Owner::new());
+            let reg = client.register(&format!("{name}:counter")).unwrap();
+            let inside = inside.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let g = lock.acquire().await.unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                    let v = reg.read_i64().await.unwrap().unwrap_or(0);
+                    tokio::task::yield_now().await;
+                    reg.write(&g, (v + 1).to_string()).await.unwrap();
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    assert!(g.release().await.unwrap());
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let client = fx.client().await;
+    let total = client.register(&format!("{name}:counter")).unwrap().read_i64().await.unwrap();
+    assert_eq!(total, Some((CLIENTS * TASKS * ROUNDS) as i64));
+    assert!(client.status(&name).await.unwrap().is_free());
+}
+
+/// A holder whose lease ran out cannot release or affect the new holder.
+pub async fn owner_only_release(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("own");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let old = a.mutex(&name).unwrap().fixed_lease(t.ms(200)).acquire().await.unwrap();
+    let new = b.mutex(&name).unwrap().acquire_timeout(t.eventually()).await.unwrap()
+        .expect("the expired lease frees the lock");
+    assert!(!old.is_held());
+    assert!(!old.release().await.unwrap(), "a stale release must report it was not ours");
+    let st = b.status(&name).await.unwrap();
+    assert_eq!(st.holders.len(), 1, "the new holder keeps the lock");
+    assert_eq!(st.holders[0].token, new.fencing_token());
+    assert!(new.is_held());
+    assert!(new.release().await.unwrap());
+    assert!(b.status(&name).await.unwrap().is_free());
+}
+
+/// The same owner nests; the lock is free only when the count falls to zero.
+pub async fn reentrancy_counts(fx: &Fixture) {
+    let name = unique("re");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let lock = a.mutex(&name).unwrap();
+    let outer = lock.acquire().await.unwrap();
+    let inner = lock.acquire().await.unwrap();
+    let inner2 = lock.try_acquire().await.unwrap().expect("reentrant try");
+    assert_eq!(inner2.hold_count(), 3);
+    assert_eq!(inner.fencing_token(), outer.fencing_token());
+    assert!(inner2.release().await.unwrap());
+    assert!(inner.release().await.unwrap());
+    assert_eq!(outer.hold_count(), 1);
+    assert!(b.mutex(&name).unwrap().try_acquire().await.unwrap().is_none(), "still held once");
+    // Another owner of the same client is excluded too.
+    assert!(lock.clone().owner(&Owner::new()).try_acquire().await.unwrap().is_none());
+    assert!(outer.release().await.unwrap());
+    let g = b.mutex(&name).unwrap().try_acquire().await.unwrap().expect("free after the last release");
+    assert!(g.fencing_token() > 0);
+}
+
+/// A holder that vanished without releasing (its guard leaked, as if the
+/// process died) stops blocking others once its lease ends.
+pub async fn lease_expiry_frees_dead_holder(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("dead");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let g = a.mutex(&name).unwrap().fixed_lease(t.ms(300)).acquire().await.unwrap();
+    std::mem::forget(g); // never released
+    let got = b.mutex(&name).unwrap().acquire_timeout(t.eventually()).await.unwrap();
+    assert!(got.is_some(), "the dead holder's lease must free the lock");
+}
+
+/// The watchdog keeps a slow holder's lock for many leases.
+pub async fn watchdog_keeps_slow_holder(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("wd");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let lease = t.ms(300);
+    let g = a.mutex(&name).unwrap().lease(lease).acquire().await.unwrap();
+    let rival = b.mutex(&name).unwrap();
+    for _ in 0..6 {
+        tokio::time::sleep(lease / 2).await;
+        assert!(g.is_held(), "renewed hold must stay held");
+        assert!(rival.try_acquire().await.unwrap().is_none(), "a rival got a renewed lock");
+    }
+    let st = b.status(&name).await.unwrap();
+    assert_eq!(st.holders.len(), 1);
+    assert!(g.release().await.unwrap());
+}
+
+/// Tokens strictly increase across owners, clients and modes.
+pub async fn fencing_tokens_increase(fx: &Fixture) {
+    let name = unique("tok");
+    let clients = [fx.client().await, fx.client().await];
+    let mut last = 0;
+    for i in 0..12 {
+        let c = &clients[i % 2];
+        let g = match i % 3 {
+            0 => c.mutex(&name).unwrap().acquire().await.unwrap(),
+            1 => c.rwlock(&name).unwrap().read().acquire().await.unwrap(),
+            _ => c.rwlock(&name).unwrap().write().acquire().await.unwrap(),
+        };
+        assert!(g.fencing_token() > last, "token {} after {last}", g.fencing_token());
+        last = g.fencing_token();
+        assert!(g.release().await.unwrap());
+    }
+    assert_eq!(clients[0].status(&name).await.unwrap().last_token, last);
+}
+
+/// When the hold is taken away, the renewal notices, `lost()` fires, and
+/// the old token is refused by a fenced register.
+pub async fn lost_signal_when_taken(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("lost");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let g = a.mutex(&name).unwrap().lease(t.ms(300)).acquire().await.unwrap();
+    let reg = a.register(&format!("{name}:reg")).unwrap();
+    reg.write(&g, "1").await.unwrap();
+    assert_eq!(b.mutex(&name).unwrap().force_unlock().await.unwrap(), 1);
+    let reason = timeout(t.eventually(), g.lost()).await.expect("lost() must fire");
+    assert_eq!(reason, LostReason::Taken);
+    assert!(!g.is_held());
+    let new = b.mutex(&name).unwrap().acquire().await.unwrap();
+    reg.write(&new, "2").await.unwrap();
+    let err = reg.write(&g, "stale").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StaleToken);
+    assert_eq!(reg.read_i64().await.unwrap(), Some(2));
+    assert!(!g.release().await.unwrap());
+}
+
+/// A fixed lease ends the hold on the local clock, before any round trip.
+pub async fn lost_signal_when_lease_ends(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("fixed");
+    let a = fx.client().await;
+    let g = a.mutex(&name).unwrap().fixed_lease(t.ms(200)).acquire().await.unwrap();
+    assert!(g.is_held());
+    let reason = timeout(t.eventually(), g.lost()).await.expect("lost() must fire");
+    assert_eq!(reason, LostReason::Expired);
+    assert!(!g.is_held());
+    assert_eq!(g.lease_left(), Duration::ZERO);
+}
+
+/// try never waits; timeouts give up; wait_timeout maps to error kinds.
+pub async fn try_and_timeout(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("try");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let lock = b.mutex(&name).unwrap();
+    assert!(lock.try_acquire().await.unwrap().is_none());
+    assert!(lock.acquire_timeout(t.ms(150)).await.unwrap().is_none());
+    let e = lock.clone().wait_timeout(Duration::ZERO).acquire().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::WouldBlock);
+    let e = lock.clone().wait_timeout(t.ms(100)).acquire().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut);
+    assert!(e.to_string().contains(&name), "{e}");
+    assert!(g.release().await.unwrap());
+    assert!(lock.try_acquire().await.unwrap().is_some());
+}
+
+/// A blocked acquirer gets the lock once the holder releases.
+pub async fn waiter_is_woken_by_release(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("wake");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let lock = b.mutex(&name).unwrap();
+    let waiter = tokio::spawn(async move { lock.acquire().await.map(|g| g.fencing_token()) });
+    tokio::time::sleep(t.ms(100)).await;
+    assert!(!waiter.is_finished(), "the waiter must wait while the lock is held");
+    let first = g.fencing_token();
+    assert!(g.release().await.unwrap());
+    let token = timeout(t.eventually(), waiter).await.expect("woken").unwrap().unwrap();
+    assert!(token > first);
+}
+
+/// Dropping a guard releases in the background.
+pub async fn dropped_guard_releases(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("drop");
+    let (a, b) = (fx.client().await, fx.client().await);
+    drop(a.mutex(&name).unwrap().acquire().await.unwrap());
+    let g = b.mutex(&name).unwrap().acquire_timeout(t.eventually()).await.unwrap();
+    assert!(g.is_some(), "a dropped guard must release");
+}
+
+/// A waiting acquire that is dropped leaves no queue place or hold behind:
+/// a fair newcomer is not blocked by it.
+pub async fn cancelled_wait_leaves_nothing(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("cancel");
+    let (a, b, c) = (fx.client().await, fx.client().await, fx.client().await);
+    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let fair = b.mutex(&name).unwrap().fair(true);
+    assert!(timeout(t.ms(200), fair.acquire()).await.is_err(), "must still be waiting");
+    assert!(fair.acquire_timeout(t.ms(100)).await.unwrap().is_none());
+    assert!(g.release().await.unwrap());
+    // The withdrawals run in the background: give them a bounded moment.
+    let deadline = tokio::time::Instant::now() + t.eventually();
+    while c.status(&name).await.unwrap().waiters > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "a cancelled waiter stayed queued");
+        tokio::time::sleep(t.ms(20)).await;
+    }
+    let got = c.mutex(&name).unwrap().fair(true).try_acquire().await.unwrap();
+    assert!(got.is_some(), "a fair newcomer found the lock blocked by a cancelled waiter");
+}
+
+/// Fair waiters get the lock in the order they asked for it.
+pub async fn fair_mode_is_fifo(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("fifo");
+    let holder = fx.client().await;
+    let g = holder.mutex(&name).unwrap().fair(true).acquire().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        let c = fx.client().await;
+        let order = order.clone();
+        let lock = c.mutex(&name).unwrap().fair(true);
+        waiters.push(tokio::spawn(async move {
+            let g = lock.acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            g.release().await.unwrap();
+        }));
+        // Wait until waiter i is queued before starting i + 1.
+        let deadline = tokio::time::Instant::now() + t.eventually();
+        while holder.status(&name).await.unwrap().waiters < i + 1 {
+            assert!(tokio::time::Instant::now() < deadline, "waiter {i} never queued");
+            tokio::time::sleep(t.ms(10)).await;
+        }
+    }
+    assert!(g.release().await.unwrap());
+    for w in waiters {
+        timeout(t.eventually(), w).await.expect("every fair waiter gets its turn").unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+}
+
+/// Readers share, writers exclude, a writer may take read, a reader may
+/// not upgrade.
+pub async fn readers_share_writers_exclude(fx: &Fixture) {
+    let name = unique("rw");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let rw_a = a.rwlock(&name).unwrap();
+    let rw_b = b.rwlock(&name).unwrap();
+    let r1 = rw_a.read().acquire().await.unwrap();
+    let r2 = rw_b.read().acquire().await.unwrap();
+    let r3 = rw_b.read().owner(&Owner::new()).acquire().await.unwrap();
+    assert_eq!(a.status(&name).await.unwrap().holders.len(), 3);
+    assert!(rw_b.write().owner(&Owner::new()).try_acquire().await.unwrap().is_none());
+    let up = rw_a.write().try_acquire().await.unwrap_err();
+    assert_eq!(up.kind(), ErrorKind::InvalidInput, "upgrade must be refused: {up}");
+    for r in [r1, r2, r3] {
+        assert!(r.release().await.unwrap());
+    }
+    let w = rw_a.write().acquire().await.unwrap();
+    assert!(rw_b.read().try_acquire().await.unwrap().is_none(), "a reader got in beside a writer");
+    let own_read = rw_a.read().try_acquire().await.unwrap().expect("the writer may take read");
+    assert!(w.release().await.unwrap());
+    // Downgraded: still a reader, so other readers may join but no writer.
+    assert!(rw_b.write().try_acquire().await.unwrap().is_none());
+    let other_read = rw_b.read().try_acquire().await.unwrap();
+    assert!(other_read.is_some());
+    assert!(own_read.release().await.unwrap());
+}
+
+/// A semaphore never lets more than its permits in.
+pub async fn semaphore_never_exceeds_permits(fx: &Fixture) {
+    const PERMITS: u32 = 3;
+    let name = unique("sem");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let client = fx.client().await;
+        for _ in 0..4 {
+            let sem = client.semaphore(&name, PERMITS).unwrap();
+            let (inside, peak) = (inside.clone(), peak.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..8 {
+                    let g = sem.acquire().await.unwrap();
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    assert!(now <= PERMITS as usize, "{now} holders of {PERMITS} permits");
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(peak.load(Ordering::SeqCst) >= 1);
+    // Taking two of three permits leaves room for one, not two.
+    let c = fx.client().await;
+    let two = c.semaphore(&name, PERMITS).unwrap().permits(2).acquire().await.unwrap();
+    assert!(c.semaphore(&name, PERMITS).unwrap().permits(2).try_acquire().await.unwrap().is_none());
+    let one = c.semaphore(&name, PERMITS).unwrap().try_acquire().await.unwrap();
+    assert!(one.is_some());
+    assert!(c.semaphore(&name, PERMITS).unwrap().try_acquire().await.unwrap().is_none());
+    drop(two);
+}
+
+/// The register takes equal or higher tokens and refuses lower ones.
+pub async fn fenced_register_rejects_stale_tokens(fx: &Fixture) {
+    let c = fx.client().await;
+    let reg = c.register(&unique("reg")).unwrap();
+    assert_eq!(reg.read().await.unwrap(), None);
+    reg.write_with_token(10, "a").await.unwrap();
+    reg.write_with_token(10, "b").await.unwrap();
+    reg.write_with_token(11, "5").await.unwrap();
+    let e = reg.write_with_token(9, "stale").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StaleToken);
+    assert_eq!(reg.read().await.unwrap(), Some((b"5".to_vec(), 11)));
+    assert_eq!(reg.try_decrement(2).await.unwrap(), Some(3));
+    assert_eq!(reg.try_decrement(4).await.unwrap(), None);
+    assert_eq!(reg.read_i64().await.unwrap(), Some(3));
+    reg.write_unfenced("7").await.unwrap();
+    assert_eq!(reg.read().await.unwrap(), Some((b"7".to_vec(), 11)), "unfenced keeps the fence");
+    assert_eq!(c.register(&unique("none")).unwrap().try_decrement(1).await.unwrap(), None);
+}
+
+/// A MultiLock takes all or nothing and rolls back what it took.
+pub async fn multilock_is_all_or_nothing(fx: &Fixture) {
+    let t = Timing::default();
+    let (x, y) = (unique("mlx"), unique("mly"));
+    let (a, b) = (fx.client().await, fx.client().await);
+    let held_y = b.mutex(&y).unwrap().acquire().await.unwrap();
+    let multi = MultiLock::new([a.mutex(&y).unwrap(), a.mutex(&x).unwrap()]);
+    assert!(multi.try_acquire().await.unwrap().is_none());
+    assert!(multi.acquire_timeout(t.ms(100)).await.unwrap().is_none());
+    assert!(a.status(&x).await.unwrap().is_free(), "rolled back: x must not stay held");
+    assert!(held_y.release().await.unwrap());
+    let both = multi.acquire().await.unwrap();
+    assert!(both.is_held());
+    assert!(b.mutex(&x).unwrap().try_acquire().await.unwrap().is_none());
+    assert!(both.release().await.unwrap());
+    assert!(b.status(&x).await.unwrap().is_free() && b.status(&y).await.unwrap().is_free());
+}
+
+/// Segments of a striped lock are independent locks.
+pub async fn striped_segments_are_independent(fx: &Fixture) {
+    let name = unique("stripe");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let sa = a.striped(&name, 4).unwrap();
+    let sb = b.striped(&name, 4).unwrap();
+    let g0 = sa.segment(0).unwrap().acquire().await.unwrap();
+    assert!(sb.segment(0).unwrap().try_acquire().await.unwrap().is_none());
+    assert!(sb.segment(1).unwrap().try_acquire().await.unwrap().is_some());
+    assert_eq!(sa.index_for("order-7"), sb.index_for("order-7"));
+    assert!(sa.segment(4).is_err());
+    drop(g0);
+}
+
+/// Bad input: a clear error naming the value, before any I/O, nothing held.
+pub async fn bad_input_is_refused(fx: &Fixture) {
+    let c = fx.client().await;
+    let invalid = |r: fenced::Result<_>| r.map(|_: ()| ()).unwrap_err().kind();
+    assert_eq!(invalid(c.mutex("").map(drop)), ErrorKind::InvalidInput);
+    assert_eq!(invalid(c.mutex(&"n".repeat(fenced::MAX_NAME_LEN + 1)).map(drop)), ErrorKind::InvalidInput);
+    assert_eq!(invalid(c.mutex("a\u{0}b").map(drop)), ErrorKind::InvalidInput);
+    assert_eq!(invalid(c.semaphore("s", 0).map(drop)), ErrorKind::InvalidInput);
+    assert_eq!(invalid(c.striped("s", 0).map(drop)), ErrorKind::InvalidInput);
+    let name = unique("bad");
+    let lock = c.mutex(&name).unwrap();
+    for bad in [
+        lock.clone().lease(Duration::ZERO),
+        lock.clone().fixed_lease(Duration::from_secs(400 * 24 * 3600)),
+        lock.clone().permits(2),
+    ] {
+        let e = bad.try_acquire().await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    }
+    let e = c.semaphore(&name, 2).unwrap().permits(3).acquire().await.unwrap_err();
+    assert!(e.to_string().contains("cannot take 3"), "{e}");
+    let e = lock.clone().lease(Duration::ZERO).acquire().await.unwrap_err();
+    assert!(e.to_string().contains("lease"), "{e}");
+    assert!(c.status(&name).await.unwrap().is_free(), "bad input must not touch the lock");
+    for url in ["nope://x", "no-scheme-at-all", "sqlite://"] {
+        let e = fenced::Client::connect(url).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{url}: {e}");
+    }
+}
+
+/// 8 `fenced run` processes increment a counter file 200 times each
+/// under one lock: the total is exact.
+pub async fn processes_exclude_each_other(fx: &Fixture) {
+    const PROCS: usize = 8;
+    let rounds: usize = std::env::var("FENCED_TEST_PROCESS_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let bin = fx.fenced_bin.clone().expect("processes tests need the fenced binary");
+    let dir = tempfile::tempdir().unwrap();
+    let counter = dir.path().join("counter");
+    std::fs::write(&counter, "0\n").unwrap();
+    let name = unique("proc");
+    let script = format!(
+        "n=$(cat '{0}'); echo $((n + 1)) > '{0}.tmp' && mv '{0}.tmp' '{0}'",
+        counter.display()
+    );
+    let mut workers = Vec::new();
+    for _ in 0..PROCS {
+        let (bin, url, name, script) = (bin.clone(), fx.url.clone(), name.clone(), script.clone());
+        workers.push(tokio::task::spawn_blocking(move || {
+            for _ in 0..rounds {
+                let out = std::process::Command::new(&bin)
+                    .args(["run", "--backend", &url, &name, "--", "sh", "-c", &script])
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "fenced run failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let total: usize = std::fs::read_to_string(&counter).unwrap().trim().parse().unwrap();
+    assert_eq!(total, PROCS * rounds);
+    assert!(fx.client().await.status(&name).await.unwrap().is_free());
+}
+
+/// A `fenced run` holder killed with SIGKILL frees the lock when its lease ends.
+pub async fn killed_holder_process_frees_lock(fx: &Fixture) {
+    let t = Timing::default();
+    let bin = fx.fenced_bin.clone().expect("processes tests need the fenced binary");
+    let name = unique("kill");
+    let c = fx.client().await;
+    let mut child = crate::process::spawn_run(&bin, &fx.url, &name, &["--lease", "600ms"], &["sleep", "60"]);
+    let deadline = tokio::time::Instant::now() + t.eventually();
+    while c.status(&name).await.unwrap().is_free() {
+        assert!(tokio::time::Instant::now() < deadline, "the child never took the lock");
+        tokio::time::sleep(t.ms(20)).await;
+    }
+    let lock = c.mutex(&name).unwrap();
+    assert!(lock.try_acquire().await.unwrap().is_none(), "held by the child");
+    crate::process::kill_group(&mut child);
+    let got = lock.acquire_timeout(t.eventually()).await.unwrap();
+    assert!(got.is_some(), "a killed holder's lease must free the lock");
+}

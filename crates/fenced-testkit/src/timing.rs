@@ -1,0 +1,34 @@
+//! One scale for every time bound in the tests (Curator's `Timing`).
+
+use std::time::Duration;
+
+/// Scales the test suite's time bounds: set `FENCED_TEST_TIMING=3` on a
+/// slow or loaded machine. Bounds are liveness limits ("acquired within"),
+/// never speed assertions.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    scale: f64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        let scale = std::env::var("FENCED_TEST_TIMING")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| *s > 0.0)
+            .unwrap_or(1.0);
+        Timing { scale }
+    }
+}
+
+impl Timing {
+    /// `ms` milliseconds, scaled.
+    pub fn ms(&self, ms: u64) -> Duration {
+        Duration::from_millis(ms).mul_f64(self.scale)
+    }
+
+    /// A generous bound for "this must happen": 10 s, scaled.
+    pub fn eventually(&self) -> Duration {
+        self.ms(10_000)
+    }
+}
