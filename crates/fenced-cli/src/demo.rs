@@ -106,15 +106,23 @@ pub(crate) async fn demo(backend: Option<String>, demo: Demo) -> anyhow::Result<
         );
         if mode == Mode::None {
             if oversold == 0 {
-                println!("           (no oversell happened in this run of `none`: the race is real but timing-dependent)");
+                println!(
+                    "           (no oversell happened in this run of `none`: the race is real but timing-dependent)"
+                );
             }
-        } else if r.sold != u64::from(args.stock).min(r.attempts) && r.attempts >= u64::from(args.stock) {
+        } else if r.sold != u64::from(args.stock).min(r.attempts)
+            && r.attempts >= u64::from(args.stock)
+        {
             wrong = true;
             println!("           ^ WRONG: expected exactly {} sold", args.stock);
         }
     }
     client.close().await;
-    Ok(if wrong { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if wrong {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 struct Result {
@@ -123,14 +131,24 @@ struct Result {
     secs: f64,
 }
 
-fn stock_registers(client: &Client, prefix: &str, mode: Mode, segments: u32) -> anyhow::Result<Vec<FencedRegister>> {
+fn stock_registers(
+    client: &Client,
+    prefix: &str,
+    mode: Mode,
+    segments: u32,
+) -> anyhow::Result<Vec<FencedRegister>> {
     let n = if mode == Mode::Segmented { segments } else { 1 };
     (0..n)
         .map(|i| Ok(client.register(&format!("{prefix}:stock:{i}"))?))
         .collect()
 }
 
-async fn sell(client: &Client, backend: Option<&str>, args: &FlashSaleArgs, mode: Mode) -> anyhow::Result<Result> {
+async fn sell(
+    client: &Client,
+    backend: Option<&str>,
+    args: &FlashSaleArgs,
+    mode: Mode,
+) -> anyhow::Result<Result> {
     let prefix = format!("flash-sale:{}:{}", std::process::id(), mode.name());
     let regs = stock_registers(client, &prefix, mode, args.segments)?;
     let n = regs.len() as u32;
@@ -150,7 +168,12 @@ async fn sell(client: &Client, backend: Option<&str>, args: &FlashSaleArgs, mode
         }
         cmd.arg("demo-worker")
             .args(["--mode", mode.name(), "--prefix", &prefix])
-            .args(["--attempts", &attempts.to_string(), "--segments", &n.to_string()])
+            .args([
+                "--attempts",
+                &attempts.to_string(),
+                "--segments",
+                &n.to_string(),
+            ])
             .stdout(Stdio::piped())
             .kill_on_drop(true);
         children.push(cmd.spawn().context("cannot start a worker process")?);
@@ -195,7 +218,10 @@ pub(crate) async fn worker(backend: Option<String>, args: WorkerArgs) -> anyhow:
                 v > 0
             }
             Mode::Lock | Mode::Segmented => {
-                let guard = client.mutex(&format!("{}:lock:{i}", args.prefix))?.acquire().await?;
+                let guard = client
+                    .mutex(&format!("{}:lock:{i}", args.prefix))?
+                    .acquire()
+                    .await?;
                 let v = reg.read_i64().await?.unwrap_or(0);
                 let ok = v > 0
                     && match reg.write(&guard, (v - 1).to_string()).await {
@@ -224,6 +250,9 @@ pub(crate) async fn worker(backend: Option<String>, args: WorkerArgs) -> anyhow:
         sold += u64::from(bought);
     }
     client.close().await;
-    println!("{}", serde_json::json!({ "sold": sold, "attempts": attempts }));
+    println!(
+        "{}",
+        serde_json::json!({ "sold": sold, "attempts": attempts })
+    );
     Ok(ExitCode::SUCCESS)
 }

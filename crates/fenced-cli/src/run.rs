@@ -97,7 +97,10 @@ pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Resul
         }
     };
     if let Err(e) = guard.release().await {
-        eprintln!("fenced: releasing {:?} failed ({e}); its lease will free it", args.name);
+        eprintln!(
+            "fenced: releasing {:?} failed ({e}); its lease will free it",
+            args.name
+        );
     }
     client.close().await;
     Ok(code)

@@ -48,7 +48,10 @@ pub(crate) async fn status(backend: Option<String>, args: StatusArgs) -> anyhow:
         });
         println!("{out}");
     } else if st.is_free() {
-        println!("{}: free (last token {}, {} waiting)", args.name, st.last_token, st.waiters);
+        println!(
+            "{}: free (last token {}, {} waiting)",
+            args.name, st.last_token, st.waiters
+        );
     } else {
         println!("{}: held ({} waiting)", args.name, st.waiters);
         for h in &st.holders {

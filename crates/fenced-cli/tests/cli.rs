@@ -19,7 +19,17 @@ fn sqlite_url(dir: &tempfile::TempDir) -> String {
 fn run_passes_token_and_exit_code() {
     let dir = tempfile::tempdir().unwrap();
     let url = sqlite_url(&dir);
-    let out = fenced(&url, &["run", "job", "--", "sh", "-c", "echo $FENCED_LOCK $FENCED_TOKEN; exit 7"]);
+    let out = fenced(
+        &url,
+        &[
+            "run",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "echo $FENCED_LOCK $FENCED_TOKEN; exit 7",
+        ],
+    );
     assert_eq!(out.status.code(), Some(7));
     let text = String::from_utf8(out.stdout).unwrap();
     let mut words = text.split_whitespace();
@@ -47,7 +57,10 @@ fn busy_lock_exits_75_without_waiting() {
             assert_eq!(v["holders"].as_array().unwrap().len(), 1);
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the holder never took the lock");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the holder never took the lock"
+        );
         std::thread::sleep(t.ms(20));
     }
     let out = fenced(&url, &["run", "busy", "--wait", "0", "--", "true"]);
@@ -63,24 +76,45 @@ fn lost_lock_kills_the_command() {
     let dir = tempfile::tempdir().unwrap();
     let url = sqlite_url(&dir);
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fenced"));
-    let mut holder = fenced_testkit::process::spawn_run(bin, &url, "victim", &["--lease", "300ms"], &["sleep", "60"]);
+    let mut holder = fenced_testkit::process::spawn_run(
+        bin,
+        &url,
+        "victim",
+        &["--lease", "300ms"],
+        &["sleep", "60"],
+    );
     let t = fenced_testkit::Timing::default();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let client = fenced::Client::connect(&url).await.unwrap();
         let lock = client.mutex("victim").unwrap();
         let deadline = tokio::time::Instant::now() + t.eventually();
         while lock.status().await.unwrap().is_free() {
-            assert!(tokio::time::Instant::now() < deadline, "the holder never took the lock");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the holder never took the lock"
+            );
             tokio::time::sleep(t.ms(20)).await;
         }
         assert_eq!(lock.force_unlock().await.unwrap(), 1);
     });
     let status = holder.wait().unwrap();
-    assert_eq!(status.code(), Some(76), "fenced run must kill CMD and exit 76 when the lock is lost");
+    assert_eq!(
+        status.code(),
+        Some(76),
+        "fenced run must kill CMD and exit 76 when the lock is lost"
+    );
     let mut err = String::new();
     use std::io::Read;
-    holder.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    holder
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert!(err.contains("lost lock"), "{err}");
 }
 
@@ -106,7 +140,10 @@ fn bad_arguments_get_one_line_and_exit_2() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("lock name is empty"));
     let out = fenced(&url, &["run", "x", "--lease", "0", "--", "true"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("lease"), "zero lease must be refused");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lease"),
+        "zero lease must be refused"
+    );
     assert_ne!(out.status.code(), Some(0));
     let out = fenced("sqlite:///nonexistent-dir/sub/locks.db", &["status", "x"]);
     assert_eq!(out.status.code(), Some(1));
@@ -117,11 +154,30 @@ fn bad_arguments_get_one_line_and_exit_2() {
 fn flash_sale_sells_exactly_the_stock_with_a_lock() {
     let dir = tempfile::tempdir().unwrap();
     let url = sqlite_url(&dir);
-    let out = fenced(&url, &["demo", "flash-sale", "--stock", "60", "--workers", "4", "--attempts", "2000"]);
+    let out = fenced(
+        &url,
+        &[
+            "demo",
+            "flash-sale",
+            "--stock",
+            "60",
+            "--workers",
+            "4",
+            "--attempts",
+            "2000",
+        ],
+    );
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for mode in ["lock", "segmented", "atomic"] {
-        let row = text.lines().find(|l| l.starts_with(mode)).unwrap_or_else(|| panic!("{text}"));
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(mode))
+            .unwrap_or_else(|| panic!("{text}"));
         let cols: Vec<&str> = row.split_whitespace().collect();
         assert_eq!((cols[1], cols[2]), ("60", "0"), "{mode}: {row}");
     }

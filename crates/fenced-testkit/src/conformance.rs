@@ -28,7 +28,11 @@ pub async fn mutual_exclusion_tasks(fx: &Fixture) {
             tasks.push(tokio::spawn(async move {
                 for _ in 0..ROUNDS {
                     let g = lock.acquire().await.unwrap();
-                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders at once"
+                    );
                     let v = reg.read_i64().await.unwrap().unwrap_or(0);
                     tokio::task::yield_now().await;
                     reg.write(&g, (v + 1).to_string()).await.unwrap();
@@ -42,7 +46,12 @@ pub async fn mutual_exclusion_tasks(fx: &Fixture) {
         t.await.unwrap();
     }
     let client = fx.client().await;
-    let total = client.register(&format!("{name}:counter")).unwrap().read_i64().await.unwrap();
+    let total = client
+        .register(&format!("{name}:counter"))
+        .unwrap()
+        .read_i64()
+        .await
+        .unwrap();
     assert_eq!(total, Some((CLIENTS * TASKS * ROUNDS) as i64));
     assert!(client.status(&name).await.unwrap().is_free());
 }
@@ -52,11 +61,25 @@ pub async fn owner_only_release(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("own");
     let (a, b) = (fx.client().await, fx.client().await);
-    let old = a.mutex(&name).unwrap().fixed_lease(t.ms(200)).acquire().await.unwrap();
-    let new = b.mutex(&name).unwrap().acquire_timeout(t.eventually()).await.unwrap()
+    let old = a
+        .mutex(&name)
+        .unwrap()
+        .fixed_lease(t.ms(200))
+        .acquire()
+        .await
+        .unwrap();
+    let new = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
         .expect("the expired lease frees the lock");
     assert!(!old.is_held());
-    assert!(!old.release().await.unwrap(), "a stale release must report it was not ours");
+    assert!(
+        !old.release().await.unwrap(),
+        "a stale release must report it was not ours"
+    );
     let st = b.status(&name).await.unwrap();
     assert_eq!(st.holders.len(), 1, "the new holder keeps the lock");
     assert_eq!(st.holders[0].token, new.fencing_token());
@@ -78,11 +101,32 @@ pub async fn reentrancy_counts(fx: &Fixture) {
     assert!(inner2.release().await.unwrap());
     assert!(inner.release().await.unwrap());
     assert_eq!(outer.hold_count(), 1);
-    assert!(b.mutex(&name).unwrap().try_acquire().await.unwrap().is_none(), "still held once");
+    assert!(
+        b.mutex(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "still held once"
+    );
     // Another owner of the same client is excluded too.
-    assert!(lock.clone().owner(&Owner::new()).try_acquire().await.unwrap().is_none());
+    assert!(
+        lock.clone()
+            .owner(&Owner::new())
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(outer.release().await.unwrap());
-    let g = b.mutex(&name).unwrap().try_acquire().await.unwrap().expect("free after the last release");
+    let g = b
+        .mutex(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free after the last release");
     assert!(g.fencing_token() > 0);
 }
 
@@ -92,9 +136,20 @@ pub async fn lease_expiry_frees_dead_holder(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("dead");
     let (a, b) = (fx.client().await, fx.client().await);
-    let g = a.mutex(&name).unwrap().fixed_lease(t.ms(300)).acquire().await.unwrap();
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .fixed_lease(t.ms(300))
+        .acquire()
+        .await
+        .unwrap();
     std::mem::forget(g); // never released
-    let got = b.mutex(&name).unwrap().acquire_timeout(t.eventually()).await.unwrap();
+    let got = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap();
     assert!(got.is_some(), "the dead holder's lease must free the lock");
 }
 
@@ -104,12 +159,21 @@ pub async fn watchdog_keeps_slow_holder(fx: &Fixture) {
     let name = unique("wd");
     let (a, b) = (fx.client().await, fx.client().await);
     let lease = t.ms(300);
-    let g = a.mutex(&name).unwrap().lease(lease).acquire().await.unwrap();
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
     let rival = b.mutex(&name).unwrap();
     for _ in 0..6 {
         tokio::time::sleep(lease / 2).await;
         assert!(g.is_held(), "renewed hold must stay held");
-        assert!(rival.try_acquire().await.unwrap().is_none(), "a rival got a renewed lock");
+        assert!(
+            rival.try_acquire().await.unwrap().is_none(),
+            "a rival got a renewed lock"
+        );
     }
     let st = b.status(&name).await.unwrap();
     assert_eq!(st.holders.len(), 1);
@@ -128,7 +192,11 @@ pub async fn fencing_tokens_increase(fx: &Fixture) {
             1 => c.rwlock(&name).unwrap().read().acquire().await.unwrap(),
             _ => c.rwlock(&name).unwrap().write().acquire().await.unwrap(),
         };
-        assert!(g.fencing_token() > last, "token {} after {last}", g.fencing_token());
+        assert!(
+            g.fencing_token() > last,
+            "token {} after {last}",
+            g.fencing_token()
+        );
         last = g.fencing_token();
         assert!(g.release().await.unwrap());
     }
@@ -141,11 +209,19 @@ pub async fn lost_signal_when_taken(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("lost");
     let (a, b) = (fx.client().await, fx.client().await);
-    let g = a.mutex(&name).unwrap().lease(t.ms(300)).acquire().await.unwrap();
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .lease(t.ms(300))
+        .acquire()
+        .await
+        .unwrap();
     let reg = a.register(&format!("{name}:reg")).unwrap();
     reg.write(&g, "1").await.unwrap();
     assert_eq!(b.mutex(&name).unwrap().force_unlock().await.unwrap(), 1);
-    let reason = timeout(t.eventually(), g.lost()).await.expect("lost() must fire");
+    let reason = timeout(t.eventually(), g.lost())
+        .await
+        .expect("lost() must fire");
     assert_eq!(reason, LostReason::Taken);
     assert!(!g.is_held());
     let new = b.mutex(&name).unwrap().acquire().await.unwrap();
@@ -161,9 +237,17 @@ pub async fn lost_signal_when_lease_ends(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("fixed");
     let a = fx.client().await;
-    let g = a.mutex(&name).unwrap().fixed_lease(t.ms(200)).acquire().await.unwrap();
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .fixed_lease(t.ms(200))
+        .acquire()
+        .await
+        .unwrap();
     assert!(g.is_held());
-    let reason = timeout(t.eventually(), g.lost()).await.expect("lost() must fire");
+    let reason = timeout(t.eventually(), g.lost())
+        .await
+        .expect("lost() must fire");
     assert_eq!(reason, LostReason::Expired);
     assert!(!g.is_held());
     assert_eq!(g.lease_left(), Duration::ZERO);
@@ -178,9 +262,19 @@ pub async fn try_and_timeout(fx: &Fixture) {
     let lock = b.mutex(&name).unwrap();
     assert!(lock.try_acquire().await.unwrap().is_none());
     assert!(lock.acquire_timeout(t.ms(150)).await.unwrap().is_none());
-    let e = lock.clone().wait_timeout(Duration::ZERO).acquire().await.unwrap_err();
+    let e = lock
+        .clone()
+        .wait_timeout(Duration::ZERO)
+        .acquire()
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::WouldBlock);
-    let e = lock.clone().wait_timeout(t.ms(100)).acquire().await.unwrap_err();
+    let e = lock
+        .clone()
+        .wait_timeout(t.ms(100))
+        .acquire()
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::TimedOut);
     assert!(e.to_string().contains(&name), "{e}");
     assert!(g.release().await.unwrap());
@@ -196,10 +290,17 @@ pub async fn waiter_is_woken_by_release(fx: &Fixture) {
     let lock = b.mutex(&name).unwrap();
     let waiter = tokio::spawn(async move { lock.acquire().await.map(|g| g.fencing_token()) });
     tokio::time::sleep(t.ms(100)).await;
-    assert!(!waiter.is_finished(), "the waiter must wait while the lock is held");
+    assert!(
+        !waiter.is_finished(),
+        "the waiter must wait while the lock is held"
+    );
     let first = g.fencing_token();
     assert!(g.release().await.unwrap());
-    let token = timeout(t.eventually(), waiter).await.expect("woken").unwrap().unwrap();
+    let token = timeout(t.eventually(), waiter)
+        .await
+        .expect("woken")
+        .unwrap()
+        .unwrap();
     assert!(token > first);
 }
 
@@ -209,7 +310,12 @@ pub async fn dropped_guard_releases(fx: &Fixture) {
     let name = unique("drop");
     let (a, b) = (fx.client().await, fx.client().await);
     drop(a.mutex(&name).unwrap().acquire().await.unwrap());
-    let g = b.mutex(&name).unwrap().acquire_timeout(t.eventually()).await.unwrap();
+    let g = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap();
     assert!(g.is_some(), "a dropped guard must release");
 }
 
@@ -221,17 +327,32 @@ pub async fn cancelled_wait_leaves_nothing(fx: &Fixture) {
     let (a, b, c) = (fx.client().await, fx.client().await, fx.client().await);
     let g = a.mutex(&name).unwrap().acquire().await.unwrap();
     let fair = b.mutex(&name).unwrap().fair(true);
-    assert!(timeout(t.ms(200), fair.acquire()).await.is_err(), "must still be waiting");
+    assert!(
+        timeout(t.ms(200), fair.acquire()).await.is_err(),
+        "must still be waiting"
+    );
     assert!(fair.acquire_timeout(t.ms(100)).await.unwrap().is_none());
     assert!(g.release().await.unwrap());
     // The withdrawals run in the background: give them a bounded moment.
     let deadline = tokio::time::Instant::now() + t.eventually();
     while c.status(&name).await.unwrap().waiters > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "a cancelled waiter stayed queued");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a cancelled waiter stayed queued"
+        );
         tokio::time::sleep(t.ms(20)).await;
     }
-    let got = c.mutex(&name).unwrap().fair(true).try_acquire().await.unwrap();
-    assert!(got.is_some(), "a fair newcomer found the lock blocked by a cancelled waiter");
+    let got = c
+        .mutex(&name)
+        .unwrap()
+        .fair(true)
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(
+        got.is_some(),
+        "a fair newcomer found the lock blocked by a cancelled waiter"
+    );
 }
 
 /// Fair waiters get the lock in the order they asked for it.
@@ -239,7 +360,13 @@ pub async fn fair_mode_is_fifo(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("fifo");
     let holder = fx.client().await;
-    let g = holder.mutex(&name).unwrap().fair(true).acquire().await.unwrap();
+    let g = holder
+        .mutex(&name)
+        .unwrap()
+        .fair(true)
+        .acquire()
+        .await
+        .unwrap();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for i in 0..5 {
@@ -255,13 +382,19 @@ pub async fn fair_mode_is_fifo(fx: &Fixture) {
         // Wait until waiter i is queued before starting i + 1.
         let deadline = tokio::time::Instant::now() + t.eventually();
         while holder.status(&name).await.unwrap().waiters < i + 1 {
-            assert!(tokio::time::Instant::now() < deadline, "waiter {i} never queued");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "waiter {i} never queued"
+            );
             tokio::time::sleep(t.ms(10)).await;
         }
     }
     assert!(g.release().await.unwrap());
     for w in waiters {
-        timeout(t.eventually(), w).await.expect("every fair waiter gets its turn").unwrap();
+        timeout(t.eventually(), w)
+            .await
+            .expect("every fair waiter gets its turn")
+            .unwrap();
     }
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
 }
@@ -277,15 +410,34 @@ pub async fn readers_share_writers_exclude(fx: &Fixture) {
     let r2 = rw_b.read().acquire().await.unwrap();
     let r3 = rw_b.read().owner(&Owner::new()).acquire().await.unwrap();
     assert_eq!(a.status(&name).await.unwrap().holders.len(), 3);
-    assert!(rw_b.write().owner(&Owner::new()).try_acquire().await.unwrap().is_none());
+    assert!(
+        rw_b.write()
+            .owner(&Owner::new())
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none()
+    );
     let up = rw_a.write().try_acquire().await.unwrap_err();
-    assert_eq!(up.kind(), ErrorKind::InvalidInput, "upgrade must be refused: {up}");
+    assert_eq!(
+        up.kind(),
+        ErrorKind::InvalidInput,
+        "upgrade must be refused: {up}"
+    );
     for r in [r1, r2, r3] {
         assert!(r.release().await.unwrap());
     }
     let w = rw_a.write().acquire().await.unwrap();
-    assert!(rw_b.read().try_acquire().await.unwrap().is_none(), "a reader got in beside a writer");
-    let own_read = rw_a.read().try_acquire().await.unwrap().expect("the writer may take read");
+    assert!(
+        rw_b.read().try_acquire().await.unwrap().is_none(),
+        "a reader got in beside a writer"
+    );
+    let own_read = rw_a
+        .read()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the writer may take read");
     assert!(w.release().await.unwrap());
     // Downgraded: still a reader, so other readers may join but no writer.
     assert!(rw_b.write().try_acquire().await.unwrap().is_none());
@@ -311,7 +463,10 @@ pub async fn semaphore_never_exceeds_permits(fx: &Fixture) {
                     let g = sem.acquire().await.unwrap();
                     let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
                     peak.fetch_max(now, Ordering::SeqCst);
-                    assert!(now <= PERMITS as usize, "{now} holders of {PERMITS} permits");
+                    assert!(
+                        now <= PERMITS as usize,
+                        "{now} holders of {PERMITS} permits"
+                    );
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     inside.fetch_sub(1, Ordering::SeqCst);
                     g.release().await.unwrap();
@@ -325,11 +480,37 @@ pub async fn semaphore_never_exceeds_permits(fx: &Fixture) {
     assert!(peak.load(Ordering::SeqCst) >= 1);
     // Taking two of three permits leaves room for one, not two.
     let c = fx.client().await;
-    let two = c.semaphore(&name, PERMITS).unwrap().permits(2).acquire().await.unwrap();
-    assert!(c.semaphore(&name, PERMITS).unwrap().permits(2).try_acquire().await.unwrap().is_none());
-    let one = c.semaphore(&name, PERMITS).unwrap().try_acquire().await.unwrap();
+    let two = c
+        .semaphore(&name, PERMITS)
+        .unwrap()
+        .permits(2)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        c.semaphore(&name, PERMITS)
+            .unwrap()
+            .permits(2)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let one = c
+        .semaphore(&name, PERMITS)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
     assert!(one.is_some());
-    assert!(c.semaphore(&name, PERMITS).unwrap().try_acquire().await.unwrap().is_none());
+    assert!(
+        c.semaphore(&name, PERMITS)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none()
+    );
     drop(two);
 }
 
@@ -348,8 +529,19 @@ pub async fn fenced_register_rejects_stale_tokens(fx: &Fixture) {
     assert_eq!(reg.try_decrement(4).await.unwrap(), None);
     assert_eq!(reg.read_i64().await.unwrap(), Some(3));
     reg.write_unfenced("7").await.unwrap();
-    assert_eq!(reg.read().await.unwrap(), Some((b"7".to_vec(), 11)), "unfenced keeps the fence");
-    assert_eq!(c.register(&unique("none")).unwrap().try_decrement(1).await.unwrap(), None);
+    assert_eq!(
+        reg.read().await.unwrap(),
+        Some((b"7".to_vec(), 11)),
+        "unfenced keeps the fence"
+    );
+    assert_eq!(
+        c.register(&unique("none"))
+            .unwrap()
+            .try_decrement(1)
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 /// A MultiLock takes all or nothing and rolls back what it took.
@@ -361,7 +553,10 @@ pub async fn multilock_is_all_or_nothing(fx: &Fixture) {
     let multi = MultiLock::new([a.mutex(&y).unwrap(), a.mutex(&x).unwrap()]);
     assert!(multi.try_acquire().await.unwrap().is_none());
     assert!(multi.acquire_timeout(t.ms(100)).await.unwrap().is_none());
-    assert!(a.status(&x).await.unwrap().is_free(), "rolled back: x must not stay held");
+    assert!(
+        a.status(&x).await.unwrap().is_free(),
+        "rolled back: x must not stay held"
+    );
     assert!(held_y.release().await.unwrap());
     let both = multi.acquire().await.unwrap();
     assert!(both.is_held());
@@ -377,8 +572,22 @@ pub async fn striped_segments_are_independent(fx: &Fixture) {
     let sa = a.striped(&name, 4).unwrap();
     let sb = b.striped(&name, 4).unwrap();
     let g0 = sa.segment(0).unwrap().acquire().await.unwrap();
-    assert!(sb.segment(0).unwrap().try_acquire().await.unwrap().is_none());
-    assert!(sb.segment(1).unwrap().try_acquire().await.unwrap().is_some());
+    assert!(
+        sb.segment(0)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        sb.segment(1)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_some()
+    );
     assert_eq!(sa.index_for("order-7"), sb.index_for("order-7"));
     assert!(sa.segment(4).is_err());
     drop(g0);
@@ -389,25 +598,52 @@ pub async fn bad_input_is_refused(fx: &Fixture) {
     let c = fx.client().await;
     let invalid = |r: fenced::Result<_>| r.map(|_: ()| ()).unwrap_err().kind();
     assert_eq!(invalid(c.mutex("").map(drop)), ErrorKind::InvalidInput);
-    assert_eq!(invalid(c.mutex(&"n".repeat(fenced::MAX_NAME_LEN + 1)).map(drop)), ErrorKind::InvalidInput);
-    assert_eq!(invalid(c.mutex("a\u{0}b").map(drop)), ErrorKind::InvalidInput);
-    assert_eq!(invalid(c.semaphore("s", 0).map(drop)), ErrorKind::InvalidInput);
-    assert_eq!(invalid(c.striped("s", 0).map(drop)), ErrorKind::InvalidInput);
+    assert_eq!(
+        invalid(c.mutex(&"n".repeat(fenced::MAX_NAME_LEN + 1)).map(drop)),
+        ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        invalid(c.mutex("a\u{0}b").map(drop)),
+        ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        invalid(c.semaphore("s", 0).map(drop)),
+        ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        invalid(c.striped("s", 0).map(drop)),
+        ErrorKind::InvalidInput
+    );
     let name = unique("bad");
     let lock = c.mutex(&name).unwrap();
     for bad in [
         lock.clone().lease(Duration::ZERO),
-        lock.clone().fixed_lease(Duration::from_secs(400 * 24 * 3600)),
+        lock.clone()
+            .fixed_lease(Duration::from_secs(400 * 24 * 3600)),
         lock.clone().permits(2),
     ] {
         let e = bad.try_acquire().await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
     }
-    let e = c.semaphore(&name, 2).unwrap().permits(3).acquire().await.unwrap_err();
+    let e = c
+        .semaphore(&name, 2)
+        .unwrap()
+        .permits(3)
+        .acquire()
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("cannot take 3"), "{e}");
-    let e = lock.clone().lease(Duration::ZERO).acquire().await.unwrap_err();
+    let e = lock
+        .clone()
+        .lease(Duration::ZERO)
+        .acquire()
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("lease"), "{e}");
-    assert!(c.status(&name).await.unwrap().is_free(), "bad input must not touch the lock");
+    assert!(
+        c.status(&name).await.unwrap().is_free(),
+        "bad input must not touch the lock"
+    );
     for url in ["nope://x", "no-scheme-at-all", "sqlite://"] {
         let e = fenced::Client::connect(url).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{url}: {e}");
@@ -422,7 +658,10 @@ pub async fn processes_exclude_each_other(fx: &Fixture) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(200);
-    let bin = fx.fenced_bin.clone().expect("processes tests need the fenced binary");
+    let bin = fx
+        .fenced_bin
+        .clone()
+        .expect("processes tests need the fenced binary");
     let dir = tempfile::tempdir().unwrap();
     let counter = dir.path().join("counter");
     std::fs::write(&counter, "0\n").unwrap();
@@ -440,14 +679,22 @@ pub async fn processes_exclude_each_other(fx: &Fixture) {
                     .args(["run", "--backend", &url, &name, "--", "sh", "-c", &script])
                     .output()
                     .unwrap();
-                assert!(out.status.success(), "fenced run failed: {}", String::from_utf8_lossy(&out.stderr));
+                assert!(
+                    out.status.success(),
+                    "fenced run failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
         }));
     }
     for w in workers {
         w.await.unwrap();
     }
-    let total: usize = std::fs::read_to_string(&counter).unwrap().trim().parse().unwrap();
+    let total: usize = std::fs::read_to_string(&counter)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert_eq!(total, PROCS * rounds);
     assert!(fx.client().await.status(&name).await.unwrap().is_free());
 }
@@ -455,17 +702,32 @@ pub async fn processes_exclude_each_other(fx: &Fixture) {
 /// A `fenced run` holder killed with SIGKILL frees the lock when its lease ends.
 pub async fn killed_holder_process_frees_lock(fx: &Fixture) {
     let t = Timing::default();
-    let bin = fx.fenced_bin.clone().expect("processes tests need the fenced binary");
+    let bin = fx
+        .fenced_bin
+        .clone()
+        .expect("processes tests need the fenced binary");
     let name = unique("kill");
     let c = fx.client().await;
-    let mut child = crate::process::spawn_run(&bin, &fx.url, &name, &["--lease", "600ms"], &["sleep", "60"]);
+    let mut child = crate::process::spawn_run(
+        &bin,
+        &fx.url,
+        &name,
+        &["--lease", "600ms"],
+        &["sleep", "60"],
+    );
     let deadline = tokio::time::Instant::now() + t.eventually();
     while c.status(&name).await.unwrap().is_free() {
-        assert!(tokio::time::Instant::now() < deadline, "the child never took the lock");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the child never took the lock"
+        );
         tokio::time::sleep(t.ms(20)).await;
     }
     let lock = c.mutex(&name).unwrap();
-    assert!(lock.try_acquire().await.unwrap().is_none(), "held by the child");
+    assert!(
+        lock.try_acquire().await.unwrap().is_none(),
+        "held by the child"
+    );
     crate::process::kill_group(&mut child);
     let got = lock.acquire_timeout(t.eventually()).await.unwrap();
     assert!(got.is_some(), "a killed holder's lease must free the lock");

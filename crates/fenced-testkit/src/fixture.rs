@@ -16,7 +16,10 @@ pub struct Fixture {
 
 /// A name no other test uses: tests share backends, never names.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 impl Fixture {
@@ -40,8 +43,16 @@ impl Fixture {
     }
 
     /// Any URL, keeping `keep` alive as long as the fixture.
-    pub fn new(url: String, fenced_bin: Option<PathBuf>, keep: Vec<Box<dyn Any + Send + Sync>>) -> Self {
-        Fixture { url, fenced_bin, _keep: keep }
+    pub fn new(
+        url: String,
+        fenced_bin: Option<PathBuf>,
+        keep: Vec<Box<dyn Any + Send + Sync>>,
+    ) -> Self {
+        Fixture {
+            url,
+            fenced_bin,
+            _keep: keep,
+        }
     }
 
     /// A new client of the backend (a new client id, as another process would have).

@@ -3,7 +3,7 @@
 //!
 //! A backend is done when [`conformance_suite!`] passes on it:
 //!
-//! ```ignore
+//! ```text
 //! fenced_testkit::conformance_suite!(sqlite, fenced_testkit::Fixture::sqlite(env!("CARGO_BIN_EXE_fenced")), processes);
 //! ```
 

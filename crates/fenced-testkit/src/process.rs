@@ -10,7 +10,9 @@ pub fn spawn_run(bin: &Path, url: &str, name: &str, extra: &[&str], cmd: &[&str]
     let mut c = Command::new(bin);
     c.arg("run").arg("--backend").arg(url).arg(name);
     c.args(extra).arg("--").args(cmd);
-    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     c.process_group(0);
     c.spawn()
         .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))

@@ -106,7 +106,11 @@ impl Client {
 
     /// A mutex: one owner at a time, reentrant per owner.
     pub fn mutex(&self, name: &str) -> Result<Lock> {
-        Ok(Lock::new(self.clone(), LockName::new(name)?, Mode::Exclusive))
+        Ok(Lock::new(
+            self.clone(),
+            LockName::new(name)?,
+            Mode::Exclusive,
+        ))
     }
 
     /// A read-write lock: many readers or one writer.

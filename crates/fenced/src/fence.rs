@@ -113,7 +113,9 @@ impl FencedRegister {
     /// not enough (or no value at all).
     pub async fn try_decrement(&self, by: i64) -> Result<Option<i64>> {
         if by < 0 {
-            return Err(Error::invalid(format!("cannot decrement by a negative amount ({by})")));
+            return Err(Error::invalid(format!(
+                "cannot decrement by a negative amount ({by})"
+            )));
         }
         self.client
             .inner

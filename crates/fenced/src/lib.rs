@@ -73,10 +73,13 @@ pub use crate::guard::Guard;
 pub use crate::lock::{Lock, RwLock};
 pub use crate::multi::{MultiGuard, MultiLock};
 pub use crate::name::{LockName, MAX_NAME_LEN};
-pub use crate::options::{
-    DEFAULT_LEASE, Lease, LockOptions, MAX_LEASE, MAX_PERMITS, MIN_LEASE,
-};
+pub use crate::options::{DEFAULT_LEASE, Lease, LockOptions, MAX_LEASE, MAX_PERMITS, MIN_LEASE};
 pub use crate::owner::{MAX_OWNER_LEN, Owner};
 pub use crate::retry::RetryPolicy;
 pub use crate::striped::{MAX_SEGMENTS, StripedLock};
 pub use crate::url::default_sqlite_path;
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

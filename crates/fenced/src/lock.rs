@@ -253,7 +253,11 @@ impl fmt::Debug for Lock {
 /// let a = rw.read().acquire().await?;
 /// let other = fenced::Owner::new();
 /// let b = rw.read().owner(&other).acquire().await?;   // readers share
-/// assert!(rw.write().owner(&other).try_acquire().await?.is_none());
+/// let writer = fenced::Owner::new();
+/// assert!(rw.write().owner(&writer).try_acquire().await?.is_none()); // no writer beside them
+/// // A reader asking for write is refused: it could deadlock.
+/// let err = rw.write().owner(&other).try_acquire().await.unwrap_err();
+/// assert_eq!(err.kind(), fenced::ErrorKind::InvalidInput);
 /// # Ok::<_, fenced::Error>(()) }).unwrap();
 /// ```
 #[derive(Clone, Debug)]

@@ -137,8 +137,14 @@ mod tests {
     fn policies() {
         let s = Duration::from_millis(10);
         assert_eq!(RetryPolicy::Never.delay(0, Duration::ZERO), None);
-        assert_eq!(RetryPolicy::OneTime { sleep: s }.delay(0, Duration::ZERO), Some(s));
-        assert_eq!(RetryPolicy::OneTime { sleep: s }.delay(1, Duration::ZERO), None);
+        assert_eq!(
+            RetryPolicy::OneTime { sleep: s }.delay(0, Duration::ZERO),
+            Some(s)
+        );
+        assert_eq!(
+            RetryPolicy::OneTime { sleep: s }.delay(1, Duration::ZERO),
+            None
+        );
         let n = RetryPolicy::NTimes { times: 2, sleep: s };
         assert_eq!(n.delay(1, Duration::ZERO), Some(s));
         assert_eq!(n.delay(2, Duration::ZERO), None);

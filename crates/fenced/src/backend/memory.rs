@@ -9,7 +9,10 @@
 //!
 //! Guarantee: exact, with expiry by this process's monotonic clock.
 
-use super::{Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome, Ticket};
+use super::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
+    RegisterValue, Ticket,
+};
 use crate::core::acquire::QUEUE_TTL;
 use crate::core::machine::{Held, grantable, next_token};
 use crate::core::wake::Wakeups;
@@ -76,11 +79,18 @@ impl MemoryBackend {
     }
 
     fn registers(&self) -> MutexGuard<'_, HashMap<LockName, (Vec<u8>, u64)>> {
-        self.store.registers.lock().unwrap_or_else(|e| e.into_inner())
+        self.store
+            .registers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn ticket(&self) -> Ticket {
-        let mut t = self.store.next_ticket.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = self
+            .store
+            .next_ticket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         *t += 1;
         *t
     }
@@ -202,10 +212,8 @@ impl Backend for MemoryBackend {
         hold_id: &'a str,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            if let Some(t) = ticket {
-                if let Some(res) = self.locks().get_mut(name) {
-                    res.queue.retain(|(q, _)| *q != t);
-                }
+            if let (Some(t), Some(res)) = (ticket, self.locks().get_mut(name)) {
+                res.queue.retain(|(q, _)| *q != t);
             }
             self.remove_hold(name, hold_id);
             self.store.wakeups.bump(name.as_str());
@@ -250,10 +258,7 @@ impl Backend for MemoryBackend {
         })
     }
 
-    fn register_read<'a>(
-        &'a self,
-        name: &'a LockName,
-    ) -> BoxFuture<'a, Result<Option<(Vec<u8>, u64)>>> {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         Box::pin(async move { Ok(self.registers().get(name).cloned()) })
     }
 
@@ -299,4 +304,3 @@ impl Backend for MemoryBackend {
         })
     }
 }
-

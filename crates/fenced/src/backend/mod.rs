@@ -22,6 +22,9 @@ pub(crate) mod sqlite;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// A fenced register's value and the highest fence it has seen.
+pub(crate) type RegisterValue = Option<(Vec<u8>, u64)>;
+
 /// How a hold shares its lock with others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {
@@ -188,10 +191,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>>;
 
     /// The fenced register: its value and the highest fence it has seen.
-    fn register_read<'a>(
-        &'a self,
-        name: &'a LockName,
-    ) -> BoxFuture<'a, Result<Option<(Vec<u8>, u64)>>>;
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>>;
 
     /// Writes the register if `fence` is at least the highest it has seen
     /// (or unconditionally when `fence` is `None`); `false` when refused.

@@ -21,10 +21,11 @@
 //! Each client binds a Unix datagram socket in Linux's abstract namespace
 //! (no file to clean up). A blocked acquirer records that address in
 //! `fenced_waiters` in the same transaction that found the lock busy; a
-//! release (or an expiry noticed by anyone) sends the lock name to every
-//! waiting address after it commits. A crashed holder sends nothing, so a
+//! release (or an expiry noticed by anyone) sends the lock name to the
+//! oldest waiting address after it commits. A crashed holder sends nothing, so a
 //! waiter also re-checks when the holder's lease runs out, and at least
-//! every couple of seconds.
+//! every couple of seconds. Only the oldest waiter is woken per change (see
+//! `notify`), so a release costs one re-attempt, not one per waiting process.
 //!
 //! # Guarantee and known holes
 //!
@@ -35,7 +36,8 @@
 //! the file and never fall below the wall clock in microseconds.
 
 use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome, Ticket,
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
+    RegisterValue, Ticket,
 };
 use crate::core::acquire::QUEUE_TTL;
 use crate::core::machine::{Held, grantable, next_token};
@@ -102,18 +104,20 @@ const INSERT_WAITER: &str = "INSERT INTO fenced_waiters (name, fair, wake_addr, 
 const RENEW: &str =
     "UPDATE fenced_holds SET expires_ms = ?3 WHERE hold_id = ?1 AND expires_ms > ?2";
 const RELEASE: &str = "DELETE FROM fenced_holds WHERE hold_id = ?1 RETURNING expires_ms";
-const WAKE_ADDRS: &str =
-    "SELECT DISTINCT wake_addr FROM fenced_waiters WHERE name = ?1 AND expires_ms > ?2";
+const WAKE_ADDRS: &str = "SELECT wake_addr FROM fenced_waiters
+    WHERE name = ?1 AND expires_ms > ?2 ORDER BY ticket LIMIT 8";
 const FORGET_ADDR: &str = "DELETE FROM fenced_waiters WHERE wake_addr = ?1";
 const COUNT_WAITERS: &str =
     "SELECT COUNT(*) FROM fenced_waiters WHERE name = ?1 AND expires_ms > ?2";
 const FORCE_RELEASE: &str = "DELETE FROM fenced_holds WHERE name = ?1";
 const REGISTER_READ: &str =
     "SELECT CAST(value AS BLOB) AS value, fence FROM fenced_registers WHERE name = ?1";
-const REGISTER_FENCED: &str = "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, ?3)
+const REGISTER_FENCED: &str =
+    "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, ?3)
     ON CONFLICT (name) DO UPDATE SET value = excluded.value, fence = excluded.fence
     WHERE fenced_registers.fence <= excluded.fence";
-const REGISTER_UNFENCED: &str = "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 0)
+const REGISTER_UNFENCED: &str =
+    "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 0)
     ON CONFLICT (name) DO UPDATE SET value = excluded.value";
 const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
     SET value = CAST(CAST(CAST(value AS INTEGER) - ?2 AS TEXT) AS BLOB)
@@ -182,39 +186,89 @@ impl SqliteBackend {
         let name = req.name.as_str();
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
         let c: &mut SqliteConnection = &mut tx;
-        let purged = q(PURGE_HOLDS).bind(name).bind(now).execute(&mut *c).await.map_err(db)?;
+        let purged = q(PURGE_HOLDS)
+            .bind(name)
+            .bind(now)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
         let mut changed = purged.rows_affected() > 0;
-        q(PURGE_WAITERS).bind(name).bind(now).execute(&mut *c).await.map_err(db)?;
-        let rows = q(SELECT_HOLDS).bind(name).fetch_all(&mut *c).await.map_err(db)?;
+        q(PURGE_WAITERS)
+            .bind(name)
+            .bind(now)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+        let rows = q(SELECT_HOLDS)
+            .bind(name)
+            .fetch_all(&mut *c)
+            .await
+            .map_err(db)?;
         let holds = rows.iter().map(hold_row).collect::<Result<Vec<_>>>()?;
         let mine: Option<Ticket> = match req.ticket {
-            Some(t) => q(MY_TICKET).bind(t).bind(name).fetch_optional(&mut *c).await.map_err(db)?
-                .map(|r| r.try_get(0)).transpose().map_err(db)?,
+            Some(t) => q(MY_TICKET)
+                .bind(t)
+                .bind(name)
+                .fetch_optional(&mut *c)
+                .await
+                .map_err(db)?
+                .map(|r| r.try_get(0))
+                .transpose()
+                .map_err(db)?,
             None => None,
         };
         let queued_ahead = if req.fair {
-            let row = q(FAIR_AHEAD).bind(name).bind(mine.unwrap_or(i64::MAX))
-                .fetch_one(&mut *c).await.map_err(db)?;
+            let row = q(FAIR_AHEAD)
+                .bind(name)
+                .bind(mine.unwrap_or(i64::MAX))
+                .fetch_one(&mut *c)
+                .await
+                .map_err(db)?;
             row.try_get::<bool, _>(0).map_err(db)?
         } else {
             false
         };
-        let held = holds.iter().map(|h| Held { owner_key: &h.owner, mode: h.mode });
+        let held = holds.iter().map(|h| Held {
+            owner_key: &h.owner,
+            mode: h.mode,
+        });
         let outcome = if grantable(held, &req.owner_key, req.mode, req.fair, queued_ahead) {
-            let last: Option<i64> = q(LAST_TOKEN).bind(name).fetch_optional(&mut *c).await
-                .map_err(db)?.map(|r| r.try_get(0)).transpose().map_err(db)?;
+            let last: Option<i64> = q(LAST_TOKEN)
+                .bind(name)
+                .fetch_optional(&mut *c)
+                .await
+                .map_err(db)?
+                .map(|r| r.try_get(0))
+                .transpose()
+                .map_err(db)?;
             let token = next_token(last.unwrap_or(0).max(0) as u64);
             let token_i = i64::try_from(token)
                 .map_err(|_| Error::protocol(format!("fencing token of {name:?} overflowed")))?;
-            q(SET_TOKEN).bind(name).bind(token_i).execute(&mut *c).await.map_err(db)?;
+            q(SET_TOKEN)
+                .bind(name)
+                .bind(token_i)
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
             let (take, max) = req.mode.permits();
             q(INSERT_HOLD)
-                .bind(&req.hold_id).bind(name).bind(&req.owner_key).bind(req.mode.code())
-                .bind(i64::from(take)).bind(i64::from(max)).bind(token_i)
+                .bind(&req.hold_id)
+                .bind(name)
+                .bind(&req.owner_key)
+                .bind(req.mode.code())
+                .bind(i64::from(take))
+                .bind(i64::from(max))
+                .bind(token_i)
                 .bind(now.saturating_add(ms(req.lease)))
-                .execute(&mut *c).await.map_err(db)?;
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
             if let Some(t) = mine {
-                q(DELETE_TICKET).bind(t).execute(&mut *c).await.map_err(db)?;
+                q(DELETE_TICKET)
+                    .bind(t)
+                    .execute(&mut *c)
+                    .await
+                    .map_err(db)?;
                 // The next fair waiter may be grantable now (readers in a row).
                 changed |= req.fair;
             }
@@ -223,12 +277,23 @@ impl SqliteBackend {
             let expires = now + ms(QUEUE_TTL);
             let ticket = match (mine, req.will_wait) {
                 (Some(t), _) => {
-                    q(REFRESH_TICKET).bind(t).bind(expires).execute(&mut *c).await.map_err(db)?;
+                    q(REFRESH_TICKET)
+                        .bind(t)
+                        .bind(expires)
+                        .execute(&mut *c)
+                        .await
+                        .map_err(db)?;
                     Some(t)
                 }
                 (None, true) => {
-                    let row = q(INSERT_WAITER).bind(name).bind(req.fair).bind(self.wake.addr())
-                        .bind(expires).fetch_one(&mut *c).await.map_err(db)?;
+                    let row = q(INSERT_WAITER)
+                        .bind(name)
+                        .bind(req.fair)
+                        .bind(self.wake.addr())
+                        .bind(expires)
+                        .fetch_one(&mut *c)
+                        .await
+                        .map_err(db)?;
                     Some(row.try_get(0).map_err(db)?)
                 }
                 (None, false) => None,
@@ -237,16 +302,29 @@ impl SqliteBackend {
                 .iter()
                 .map(|h| Duration::from_millis((h.expires_ms - now).max(1) as u64))
                 .min();
-            Outcome::Busy(Blocked { ticket, retry_after })
+            Outcome::Busy(Blocked {
+                ticket,
+                retry_after,
+            })
         };
         tx.commit().await.map_err(db)?;
         Ok((outcome, changed))
     }
 
-    /// Wakes the waiters of `name` in every process, this one included.
+    /// Wakes the oldest waiter of `name` (and every waiter in this process).
+    ///
+    /// One wake-up per change, as Curator hands a lock to the next node, not
+    /// a herd: the woken waiter, once granted, wakes the next if it can go
+    /// too. An address nobody listens on any more is forgotten and the next
+    /// oldest is tried.
     async fn notify(&self, name: &str) {
         self.wakeups.bump(name);
-        let rows = match q(WAKE_ADDRS).bind(name).bind(now_ms()).fetch_all(&self.pool).await {
+        let rows = match q(WAKE_ADDRS)
+            .bind(name)
+            .bind(now_ms())
+            .fetch_all(&self.pool)
+            .await
+        {
             Ok(rows) => rows,
             Err(e) => {
                 tracing::debug!(error = %e, "could not list waiters; they will re-check on their own");
@@ -254,14 +332,13 @@ impl SqliteBackend {
             }
         };
         for row in rows {
-            let Ok(addr) = row.try_get::<String, _>(0) else { continue };
-            if addr == self.wake.addr() {
+            let Ok(addr) = row.try_get::<String, _>(0) else {
                 continue;
+            };
+            if addr == self.wake.addr() || self.wake.send(&addr, name) {
+                return;
             }
-            if !self.wake.send(&addr, name) {
-                // That process is gone: its rows would only cost datagrams.
-                let _ = q(FORGET_ADDR).bind(&addr).execute(&self.pool).await;
-            }
+            let _ = q(FORGET_ADDR).bind(&addr).execute(&self.pool).await;
         }
     }
 }
@@ -287,7 +364,9 @@ fn hold_row(r: &sqlx::sqlite::SqliteRow) -> Result<HoldRow> {
     })
 }
 
-fn q(sql: &'static str) -> sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+fn q(
+    sql: &'static str,
+) -> sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
     sqlx::query(sql)
 }
 
@@ -330,8 +409,13 @@ impl Backend for SqliteBackend {
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
             let mut out = Vec::with_capacity(holds.len());
             for h in holds {
-                let r = q(RENEW).bind(&h.hold_id).bind(now).bind(now.saturating_add(ms(h.lease)))
-                    .execute(&mut *tx).await.map_err(db)?;
+                let r = q(RENEW)
+                    .bind(&h.hold_id)
+                    .bind(now)
+                    .bind(now.saturating_add(ms(h.lease)))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
                 out.push(r.rows_affected() == 1);
             }
             tx.commit().await.map_err(db)?;
@@ -341,7 +425,11 @@ impl Backend for SqliteBackend {
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
-            let row = q(RELEASE).bind(&hold.hold_id).fetch_optional(&self.pool).await.map_err(db)?;
+            let row = q(RELEASE)
+                .bind(&hold.hold_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
             let Some(row) = row else { return Ok(false) };
             let expires: i64 = row.try_get(0).map_err(db)?;
             self.notify(hold.name.as_str()).await;
@@ -357,9 +445,17 @@ impl Backend for SqliteBackend {
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             if let Some(t) = ticket {
-                q(DELETE_TICKET).bind(t).execute(&self.pool).await.map_err(db)?;
+                q(DELETE_TICKET)
+                    .bind(t)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(db)?;
             }
-            q(RELEASE).bind(hold_id).fetch_optional(&self.pool).await.map_err(db)?;
+            q(RELEASE)
+                .bind(hold_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
             self.notify(name.as_str()).await;
             Ok(())
         })
@@ -369,7 +465,11 @@ impl Backend for SqliteBackend {
         Box::pin(async move {
             let now = now_ms();
             let mut c = self.pool.acquire().await.map_err(db)?;
-            let rows = q(SELECT_HOLDS).bind(name.as_str()).fetch_all(&mut *c).await.map_err(db)?;
+            let rows = q(SELECT_HOLDS)
+                .bind(name.as_str())
+                .fetch_all(&mut *c)
+                .await
+                .map_err(db)?;
             let mut holders = Vec::new();
             for r in &rows {
                 let h = hold_row(r)?;
@@ -382,10 +482,22 @@ impl Backend for SqliteBackend {
                     });
                 }
             }
-            let waiters: i64 = q(COUNT_WAITERS).bind(name.as_str()).bind(now)
-                .fetch_one(&mut *c).await.map_err(db)?.try_get(0).map_err(db)?;
-            let last: Option<i64> = q(LAST_TOKEN).bind(name.as_str()).fetch_optional(&mut *c)
-                .await.map_err(db)?.map(|r| r.try_get(0)).transpose().map_err(db)?;
+            let waiters: i64 = q(COUNT_WAITERS)
+                .bind(name.as_str())
+                .bind(now)
+                .fetch_one(&mut *c)
+                .await
+                .map_err(db)?
+                .try_get(0)
+                .map_err(db)?;
+            let last: Option<i64> = q(LAST_TOKEN)
+                .bind(name.as_str())
+                .fetch_optional(&mut *c)
+                .await
+                .map_err(db)?
+                .map(|r| r.try_get(0))
+                .transpose()
+                .map_err(db)?;
             Ok(LockStatus {
                 holders,
                 waiters: waiters as usize,
@@ -396,18 +508,22 @@ impl Backend for SqliteBackend {
 
     fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
         Box::pin(async move {
-            let r = q(FORCE_RELEASE).bind(name.as_str()).execute(&self.pool).await.map_err(db)?;
+            let r = q(FORCE_RELEASE)
+                .bind(name.as_str())
+                .execute(&self.pool)
+                .await
+                .map_err(db)?;
             self.notify(name.as_str()).await;
             Ok(r.rows_affected() as usize)
         })
     }
 
-    fn register_read<'a>(
-        &'a self,
-        name: &'a LockName,
-    ) -> BoxFuture<'a, Result<Option<(Vec<u8>, u64)>>> {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         Box::pin(async move {
-            let row = q(REGISTER_READ).bind(name.as_str()).fetch_optional(&self.pool).await
+            let row = q(REGISTER_READ)
+                .bind(name.as_str())
+                .fetch_optional(&self.pool)
+                .await
                 .map_err(db)?;
             row.map(|r| {
                 let v: Vec<u8> = r.try_get("value").map_err(db)?;
@@ -428,13 +544,24 @@ impl Backend for SqliteBackend {
             let r = match fence {
                 Some(f) => {
                     let f = i64::try_from(f).map_err(|_| {
-                        Error::invalid(format!("fencing token {f} is beyond what this backend issues"))
+                        Error::invalid(format!(
+                            "fencing token {f} is beyond what this backend issues"
+                        ))
                     })?;
-                    q(REGISTER_FENCED).bind(name.as_str()).bind(value).bind(f)
-                        .execute(&self.pool).await
+                    q(REGISTER_FENCED)
+                        .bind(name.as_str())
+                        .bind(value)
+                        .bind(f)
+                        .execute(&self.pool)
+                        .await
                 }
-                None => q(REGISTER_UNFENCED).bind(name.as_str()).bind(value)
-                    .execute(&self.pool).await,
+                None => {
+                    q(REGISTER_UNFENCED)
+                        .bind(name.as_str())
+                        .bind(value)
+                        .execute(&self.pool)
+                        .await
+                }
             }
             .map_err(db)?;
             Ok(r.rows_affected() == 1)
@@ -447,8 +574,12 @@ impl Backend for SqliteBackend {
         by: i64,
     ) -> BoxFuture<'a, Result<Option<i64>>> {
         Box::pin(async move {
-            let row = q(REGISTER_DECREMENT).bind(name.as_str()).bind(by)
-                .fetch_optional(&self.pool).await.map_err(db)?;
+            let row = q(REGISTER_DECREMENT)
+                .bind(name.as_str())
+                .bind(by)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
             row.map(|r| r.try_get(0).map_err(db)).transpose()
         })
     }
@@ -490,8 +621,9 @@ mod wake {
             let fail = |e: std::io::Error| {
                 Error::unavailable(format!("cannot bind a wake-up socket: {e}")).with_source(e)
             };
-            let sock = std::os::unix::net::UnixDatagram::bind_addr(&socket_addr(&addr).map_err(fail)?)
-                .map_err(fail)?;
+            let sock =
+                std::os::unix::net::UnixDatagram::bind_addr(&socket_addr(&addr).map_err(fail)?)
+                    .map_err(fail)?;
             sock.set_nonblocking(true).map_err(fail)?;
             let sock = tokio::net::UnixDatagram::from_std(sock).map_err(fail)?;
             let sender = std::os::unix::net::UnixDatagram::unbound().map_err(fail)?;
@@ -523,7 +655,9 @@ mod wake {
         /// A full receive queue counts as delivered: that process already has
         /// wake-ups pending.
         pub(super) fn send(&self, addr: &str, name: &str) -> bool {
-            let Ok(to) = socket_addr(addr) else { return false };
+            let Ok(to) = socket_addr(addr) else {
+                return false;
+            };
             match self.sender.send_to_addr(name.as_bytes(), &to) {
                 Ok(_) => true,
                 Err(e) => !matches!(

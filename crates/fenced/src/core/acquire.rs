@@ -67,9 +67,7 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
             tracing::debug!(token = hold.token, count = hold.count(), "re-entered");
             return Ok(Some(Guard::new(hold, inner.clone())));
         }
-        if lock.mode == Mode::Exclusive
-            && inner.holds.holds(&lock.name, &owner_key, Mode::Shared)
-        {
+        if lock.mode == Mode::Exclusive && inner.holds.holds(&lock.name, &owner_key, Mode::Shared) {
             return Err(Error::invalid(format!(
                 "owner {owner} holds read on {:?}; upgrading to write could deadlock with \
                  another upgrading reader: release the read hold first",
@@ -95,7 +93,10 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
     let mut interest = attempt
         .will_wait
         .then(|| backend.wakeups().interest(lock.name.as_str()));
-    let mut cleanup = Cleanup { inner, attempt: None };
+    let mut cleanup = Cleanup {
+        inner,
+        attempt: None,
+    };
     let mut waiting_since = None;
     loop {
         let seen = interest.as_ref().map(|i| i.version());

@@ -11,9 +11,9 @@
 use crate::backend::{HoldRef, Mode};
 use crate::name::LockName;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -139,27 +139,25 @@ impl Hold {
     }
 
     /// Resolves when the hold is lost; never, once it is released.
-    pub(crate) fn lost(self: Arc<Self>) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        async move {
-            let mut rx = self.state.subscribe();
-            loop {
-                let s = *rx.borrow_and_update();
-                if let Some(reason) = s.lost {
-                    return reason;
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep_until(s.deadline) => {
-                        if self.is_released() {
-                            std::future::pending::<()>().await;
-                        }
-                        if self.state().deadline <= Instant::now() {
-                            self.mark_lost(LostReason::Expired);
-                        }
+    pub(crate) async fn lost(self: Arc<Self>) -> LostReason {
+        let mut rx = self.state.subscribe();
+        loop {
+            let s = *rx.borrow_and_update();
+            if let Some(reason) = s.lost {
+                return reason;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(s.deadline) => {
+                    if self.is_released() {
+                        std::future::pending::<()>().await;
                     }
-                    changed = rx.changed() => {
-                        if changed.is_err() {
-                            std::future::pending::<()>().await;
-                        }
+                    if self.state().deadline <= Instant::now() {
+                        self.mark_lost(LostReason::Expired);
+                    }
+                }
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        std::future::pending::<()>().await;
                     }
                 }
             }
@@ -224,11 +222,9 @@ impl HoldTable {
         }
         let mut map = self.map();
         let k = key(&hold.r.name, &hold.owner_key, hold.mode);
-        if let Some(existing) = map.get(&k) {
-            if existing.is_held() {
-                existing.count.fetch_add(1, Ordering::AcqRel);
-                return Err(existing.clone());
-            }
+        if let Some(existing) = map.get(&k).filter(|h| h.is_held()) {
+            existing.count.fetch_add(1, Ordering::AcqRel);
+            return Err(existing.clone());
         }
         map.insert(k, hold.clone());
         Ok(hold)

@@ -77,7 +77,10 @@ mod tests {
         assert!(grantable([], "a", x, false, false));
         assert!(!grantable([h("b", x)], "a", x, false, false));
         assert!(grantable([h("a", x)], "a", x, false, false), "reentrant");
-        assert!(grantable([h("a", x)], "a", s, false, false), "writer takes read");
+        assert!(
+            grantable([h("a", x)], "a", s, false, false),
+            "writer takes read"
+        );
         assert!(!grantable([h("b", x)], "a", s, false, false));
         assert!(grantable([h("b", s), h("c", s)], "a", s, false, false));
         assert!(!grantable([h("b", s)], "a", x, false, false));
@@ -88,11 +91,35 @@ mod tests {
     #[test]
     fn permits() {
         let p = |take| Mode::Permits { take, max: 3 };
-        assert!(grantable([h("a", p(1)), h("a", p(1))], "a", p(1), false, false));
-        assert!(!grantable([h("a", p(2)), h("b", p(1))], "a", p(1), false, false));
+        assert!(grantable(
+            [h("a", p(1)), h("a", p(1))],
+            "a",
+            p(1),
+            false,
+            false
+        ));
+        assert!(!grantable(
+            [h("a", p(2)), h("b", p(1))],
+            "a",
+            p(1),
+            false,
+            false
+        ));
         assert!(!grantable([h("b", Mode::Shared)], "a", p(1), false, false));
-        assert!(!grantable([h("b", p(1))], "a", Mode::Exclusive, false, false));
-        assert!(!grantable([], "a", Mode::Permits { take: 4, max: 3 }, false, false));
+        assert!(!grantable(
+            [h("b", p(1))],
+            "a",
+            Mode::Exclusive,
+            false,
+            false
+        ));
+        assert!(!grantable(
+            [],
+            "a",
+            Mode::Permits { take: 4, max: 3 },
+            false,
+            false
+        ));
     }
 
     #[test]

@@ -78,7 +78,8 @@ impl Watchdog {
         let mut s = self.sched();
         let now = Instant::now();
         // Drop holds that were released or already lost.
-        s.queue.retain(|_, h| !h.is_released() && h.state().lost.is_none());
+        s.queue
+            .retain(|_, h| !h.is_released() && h.state().lost.is_none());
         let Some((&(first, _), _)) = s.queue.iter().next() else {
             s.running = false;
             return None;
