@@ -91,14 +91,10 @@ fn lost_lock_kills_the_command() {
     rt.block_on(async {
         let client = fenced::Client::connect(&url).await.unwrap();
         let lock = client.mutex("victim").unwrap();
-        let deadline = tokio::time::Instant::now() + t.eventually();
-        while lock.status().await.unwrap().is_free() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the holder never took the lock"
-            );
-            tokio::time::sleep(t.ms(20)).await;
-        }
+        t.wait_until("the holder never took the lock", || async {
+            !lock.status().await.unwrap().is_free()
+        })
+        .await;
         assert_eq!(lock.force_unlock().await.unwrap(), 1);
     });
     let status = holder.wait().unwrap();

@@ -334,14 +334,10 @@ pub async fn cancelled_wait_leaves_nothing(fx: &Fixture) {
     assert!(fair.acquire_timeout(t.ms(100)).await.unwrap().is_none());
     assert!(g.release().await.unwrap());
     // The withdrawals run in the background: give them a bounded moment.
-    let deadline = tokio::time::Instant::now() + t.eventually();
-    while c.status(&name).await.unwrap().waiters > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a cancelled waiter stayed queued"
-        );
-        tokio::time::sleep(t.ms(20)).await;
-    }
+    t.wait_until("a cancelled waiter stayed queued", || async {
+        c.status(&name).await.unwrap().waiters == 0
+    })
+    .await;
     let got = c
         .mutex(&name)
         .unwrap()
@@ -380,14 +376,9 @@ pub async fn fair_mode_is_fifo(fx: &Fixture) {
             g.release().await.unwrap();
         }));
         // Wait until waiter i is queued before starting i + 1.
-        let deadline = tokio::time::Instant::now() + t.eventually();
-        while holder.status(&name).await.unwrap().waiters < i + 1 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "waiter {i} never queued"
-            );
-            tokio::time::sleep(t.ms(10)).await;
-        }
+        let queued = async || holder.status(&name).await.unwrap().waiters > i;
+        t.wait_until(&format!("waiter {i} never queued"), queued)
+            .await;
     }
     assert!(g.release().await.unwrap());
     for w in waiters {
@@ -715,14 +706,10 @@ pub async fn killed_holder_process_frees_lock(fx: &Fixture) {
         &["--lease", "600ms"],
         &["sleep", "60"],
     );
-    let deadline = tokio::time::Instant::now() + t.eventually();
-    while c.status(&name).await.unwrap().is_free() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the child never took the lock"
-        );
-        tokio::time::sleep(t.ms(20)).await;
-    }
+    t.wait_until("the child never took the lock", || async {
+        !c.status(&name).await.unwrap().is_free()
+    })
+    .await;
     let lock = c.mutex(&name).unwrap();
     assert!(
         lock.try_acquire().await.unwrap().is_none(),

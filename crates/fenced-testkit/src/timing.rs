@@ -31,4 +31,20 @@ impl Timing {
     pub fn eventually(&self) -> Duration {
         self.ms(10_000)
     }
+
+    /// Re-checks `cond` every 10 ms (scaled) until it holds; panics with
+    /// `what` if it has not within [`eventually`](Timing::eventually). For
+    /// state that changes in the background (a child process taking a
+    /// lock, a withdrawal in the release worker), never for speed.
+    pub async fn wait_until<F, Fut>(&self, what: &str, mut cond: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + self.eventually();
+        while !cond().await {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(self.ms(10)).await;
+        }
+    }
 }

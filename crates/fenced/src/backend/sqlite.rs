@@ -164,13 +164,22 @@ impl SqliteBackend {
             ))
             .with_source(e)
         };
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .min_connections(1)
-            .connect_with(opts)
-            .await
-            .map_err(cannot)?;
-        sqlx::raw_sql(SCHEMA).execute(&pool).await.map_err(cannot)?;
+        // Switching a new file into WAL mode takes an exclusive lock that
+        // SQLite's busy timeout does not wait for (see sqlx's notes on
+        // `journal_mode`), so processes that open a fresh file together can
+        // be told "database is locked": retry that, briefly, with backoff.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut pause = Duration::from_millis(5);
+        let pool = loop {
+            match open_pool(opts.clone()).await {
+                Ok(pool) => break pool,
+                Err(e) if is_busy(&e) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(crate::retry::jitter(pause)).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                Err(e) => return Err(cannot(e)),
+            }
+        };
         let wakeups = Arc::new(Wakeups::default());
         let wake = wake::Endpoint::bind(wakeups.clone())?;
         Ok(Arc::new(SqliteBackend {
@@ -211,10 +220,8 @@ impl SqliteBackend {
                 .bind(name)
                 .fetch_optional(&mut *c)
                 .await
-                .map_err(db)?
-                .map(|r| r.try_get(0))
-                .transpose()
-                .map_err(db)?,
+                .map_err(db)
+                .and_then(scalar)?,
             None => None,
         };
         let queued_ahead = if req.fair {
@@ -237,10 +244,8 @@ impl SqliteBackend {
                 .bind(name)
                 .fetch_optional(&mut *c)
                 .await
-                .map_err(db)?
-                .map(|r| r.try_get(0))
-                .transpose()
-                .map_err(db)?;
+                .map_err(db)
+                .and_then(scalar)?;
             let token = next_token(last.unwrap_or(0).max(0) as u64);
             let token_i = i64::try_from(token)
                 .map_err(|_| Error::protocol(format!("fencing token of {name:?} overflowed")))?;
@@ -343,6 +348,24 @@ impl SqliteBackend {
     }
 }
 
+async fn open_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error> {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .min_connections(1)
+        .connect_with(opts)
+        .await?;
+    sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+    Ok(pool)
+}
+
+/// SQLITE_BUSY or SQLITE_LOCKED, with any extended code.
+fn is_busy(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
 struct HoldRow {
     owner: String,
     mode: Mode,
@@ -362,6 +385,14 @@ fn hold_row(r: &sqlx::sqlite::SqliteRow) -> Result<HoldRow> {
         token: r.try_get::<i64, _>("token").map_err(db)? as u64,
         expires_ms: r.try_get("expires_ms").map_err(db)?,
     })
+}
+
+/// The first column of an optional row.
+fn scalar<T>(row: Option<sqlx::sqlite::SqliteRow>) -> Result<Option<T>>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
+{
+    row.map(|r| r.try_get(0)).transpose().map_err(db)
 }
 
 fn q(
@@ -494,10 +525,8 @@ impl Backend for SqliteBackend {
                 .bind(name.as_str())
                 .fetch_optional(&mut *c)
                 .await
-                .map_err(db)?
-                .map(|r| r.try_get(0))
-                .transpose()
-                .map_err(db)?;
+                .map_err(db)
+                .and_then(scalar)?;
             Ok(LockStatus {
                 holders,
                 waiters: waiters as usize,
@@ -580,7 +609,7 @@ impl Backend for SqliteBackend {
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(db)?;
-            row.map(|r| r.try_get(0).map_err(db)).transpose()
+            scalar(row)
         })
     }
 
