@@ -56,12 +56,13 @@ pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Resul
         return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
     };
     let token = guard.fencing_token();
-    let mut child = tokio::process::Command::new(&args.cmd[0])
-        .args(&args.cmd[1..])
+    let mut cmd = tokio::process::Command::new(&args.cmd[0]);
+    cmd.args(&args.cmd[1..])
         .env("FENCED_LOCK", &args.name)
         .env("FENCED_TOKEN", token.to_string())
-        .process_group(0)
-        .spawn();
+        .process_group(0);
+    die_with_parent(&mut cmd);
+    let mut child = cmd.spawn();
     let child = match child.as_mut() {
         Ok(c) => c,
         Err(e) => {
@@ -104,6 +105,21 @@ pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Resul
     }
     client.close().await;
     Ok(code)
+}
+
+/// CMD must not outlive fenced: if fenced is killed (SIGKILL, OOM), nobody
+/// renews the lease, and a CMD that ran on would work without the lock.
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut tokio::process::Command) {
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls prctl(2), which is async-signal-safe and touches no memory of
+    // the parent. fenced spawns from the runtime's one thread, and
+    // PR_SET_PDEATHSIG fires when that thread exits.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
 }
 
 /// CMD's exit code, or 128 + the signal that ended it (as shells report).

@@ -151,8 +151,10 @@ impl Client {
         self.inner.backend.status(&name).await
     }
 
-    /// Waits for background releases to finish and lets go of the backend's
-    /// connections. Guards still alive are released first.
+    /// Waits for the releases already queued (by dropped guards) to finish,
+    /// then lets go of the backend's connections. Release or drop guards
+    /// first: a guard still alive after `close` keeps its hold until its
+    /// lease runs out.
     pub async fn close(&self) {
         let (tx, rx) = oneshot::channel();
         if self.inner.worker.send(Job::Flush(tx)).is_ok() {
