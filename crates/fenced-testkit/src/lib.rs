@@ -24,6 +24,14 @@ pub use timing::Timing;
 #[macro_export]
 macro_rules! conformance_suite {
     ($backend:ident, $fixture:expr) => {
+        $crate::conformance_suite!(@core $backend, $fixture, []);
+    };
+    ($backend:ident, $fixture:expr, processes) => {
+        $crate::conformance_suite!(@core $backend, $fixture, [
+            processes_exclude_each_other, killed_holder_process_frees_lock
+        ]);
+    };
+    (@core $backend:ident, $fixture:expr, [$($extra:ident),*]) => {
         $crate::conformance_suite!(@tests $backend, $fixture, [
             mutual_exclusion_tasks, owner_only_release, reentrancy_counts,
             lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
@@ -32,18 +40,7 @@ macro_rules! conformance_suite {
             cancelled_wait_leaves_nothing, fair_mode_is_fifo, readers_share_writers_exclude,
             semaphore_never_exceeds_permits, fenced_register_rejects_stale_tokens,
             multilock_is_all_or_nothing, striped_segments_are_independent, bad_input_is_refused
-        ]);
-    };
-    ($backend:ident, $fixture:expr, processes) => {
-        $crate::conformance_suite!(@tests $backend, $fixture, [
-            mutual_exclusion_tasks, owner_only_release, reentrancy_counts,
-            lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
-            fencing_tokens_increase, lost_signal_when_taken, lost_signal_when_lease_ends,
-            try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
-            cancelled_wait_leaves_nothing, fair_mode_is_fifo, readers_share_writers_exclude,
-            semaphore_never_exceeds_permits, fenced_register_rejects_stale_tokens,
-            multilock_is_all_or_nothing, striped_segments_are_independent, bad_input_is_refused,
-            processes_exclude_each_other, killed_holder_process_frees_lock
+            $(, $extra)*
         ]);
     };
     (@tests $backend:ident, $fixture:expr, [$($test:ident),* $(,)?]) => {
