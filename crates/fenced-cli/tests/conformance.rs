@@ -7,3 +7,33 @@ fenced_testkit::conformance_suite!(
     fenced_testkit::Fixture::sqlite(env!("CARGO_BIN_EXE_fenced")),
     processes
 );
+
+fenced_testkit::conformance_suite!(
+    redis,
+    fenced_testkit::Fixture::redis(env!("CARGO_BIN_EXE_fenced")),
+    processes
+);
+
+fenced_testkit::conformance_suite!(
+    redis_simple,
+    fenced_testkit::Fixture::redis_with(env!("CARGO_BIN_EXE_fenced"), "?layout=simple"),
+    processes,
+    mutex_only
+);
+
+fenced_testkit::conformance_suite!(
+    redlock,
+    fenced_testkit::Fixture::redlock(env!("CARGO_BIN_EXE_fenced")),
+    processes,
+    no_fair
+);
+
+fenced_testkit::conformance_suite!(
+    redis_sentinel,
+    fenced_testkit::Fixture::redis_sentinel(env!("CARGO_BIN_EXE_fenced"))
+);
+
+fenced_testkit::conformance_suite!(
+    redis_cluster,
+    fenced_testkit::Fixture::redis_cluster(env!("CARGO_BIN_EXE_fenced"))
+);

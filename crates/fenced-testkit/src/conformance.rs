@@ -182,6 +182,16 @@ pub async fn watchdog_keeps_slow_holder(fx: &Fixture) {
 
 /// Tokens strictly increase across owners, clients and modes.
 pub async fn fencing_tokens_increase(fx: &Fixture) {
+    tokens_rise(fx, true).await;
+}
+
+/// Tokens strictly increase across owners, clients and both sides of a
+/// mutex-only backend's locks.
+pub async fn fencing_tokens_increase_mutex(fx: &Fixture) {
+    tokens_rise(fx, false).await;
+}
+
+async fn tokens_rise(fx: &Fixture, with_read: bool) {
     let name = unique("tok");
     let clients = [fx.client().await, fx.client().await];
     let mut last = 0;
@@ -189,7 +199,7 @@ pub async fn fencing_tokens_increase(fx: &Fixture) {
         let c = &clients[i % 2];
         let g = match i % 3 {
             0 => c.mutex(&name).unwrap().acquire().await.unwrap(),
-            1 => c.rwlock(&name).unwrap().read().acquire().await.unwrap(),
+            1 if with_read => c.rwlock(&name).unwrap().read().acquire().await.unwrap(),
             _ => c.rwlock(&name).unwrap().write().acquire().await.unwrap(),
         };
         assert!(
@@ -388,6 +398,47 @@ pub async fn fair_mode_is_fifo(fx: &Fixture) {
             .unwrap();
     }
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+}
+
+/// A backend without fair mode refuses it with a clear error and takes
+/// nothing.
+pub async fn fair_mode_is_refused(fx: &Fixture) {
+    let name = unique("nofair");
+    let c = fx.client().await;
+    let e = c
+        .mutex(&name)
+        .unwrap()
+        .fair(true)
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains("fair"), "{e}");
+    assert!(c.status(&name).await.unwrap().is_free());
+}
+
+/// A mutex-only backend refuses read-write locks and semaphores with a
+/// clear error and takes nothing.
+pub async fn shared_modes_are_refused(fx: &Fixture) {
+    let name = unique("noshared");
+    let c = fx.client().await;
+    let read = c.rwlock(&name).unwrap().read().try_acquire().await;
+    let sem = c.semaphore(&name, 3).unwrap().try_acquire().await;
+    for r in [read.map(drop), sem.map(drop)] {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("mutex"), "{e}");
+    }
+    assert!(c.status(&name).await.unwrap().is_free());
+    // The write side of a read-write lock is a mutex, and works.
+    let w = c
+        .rwlock(&name)
+        .unwrap()
+        .write()
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(w.expect("free").release().await.unwrap());
 }
 
 /// Readers share, writers exclude, a writer may take read, a reader may

@@ -42,6 +42,39 @@ impl Fixture {
         }
     }
 
+    /// A fresh `redis-server`.
+    pub fn redis(fenced_bin: impl Into<PathBuf>) -> Self {
+        Fixture::redis_with(fenced_bin, "")
+    }
+
+    /// A fresh `redis-server`, with `query` (e.g. `?layout=simple`) on the URL.
+    pub fn redis_with(fenced_bin: impl Into<PathBuf>, query: &str) -> Self {
+        let s = crate::servers::redis::RedisServer::start();
+        Fixture::new(
+            format!("{}{query}", s.url()),
+            Some(fenced_bin.into()),
+            vec![Box::new(s)],
+        )
+    }
+
+    /// Three fresh independent masters behind `redlock://`.
+    pub fn redlock(fenced_bin: impl Into<PathBuf>) -> Self {
+        let m = crate::servers::redis::RedisMasters::start(3);
+        Fixture::new(m.url(), Some(fenced_bin.into()), vec![Box::new(m)])
+    }
+
+    /// A fresh Sentinel group (master, two replicas, three sentinels).
+    pub fn redis_sentinel(fenced_bin: impl Into<PathBuf>) -> Self {
+        let g = crate::servers::redis::RedisSentinel::start();
+        Fixture::new(g.url(), Some(fenced_bin.into()), vec![Box::new(g)])
+    }
+
+    /// A fresh three-master Redis Cluster.
+    pub fn redis_cluster(fenced_bin: impl Into<PathBuf>) -> Self {
+        let c = crate::servers::redis::RedisCluster::start(3);
+        Fixture::new(c.url(), Some(fenced_bin.into()), vec![Box::new(c)])
+    }
+
     /// Any URL, keeping `keep` alive as long as the fixture.
     pub fn new(
         url: String,

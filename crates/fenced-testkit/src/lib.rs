@@ -10,6 +10,7 @@
 pub mod conformance;
 mod fixture;
 pub mod process;
+pub mod servers;
 mod timing;
 
 pub use fixture::{Fixture, unique};
@@ -24,10 +25,32 @@ pub use timing::Timing;
 #[macro_export]
 macro_rules! conformance_suite {
     ($backend:ident, $fixture:expr) => {
-        $crate::conformance_suite!(@core $backend, $fixture, []);
+        $crate::conformance_suite!(@core $backend, $fixture, [fair_mode_is_fifo, cancelled_wait_leaves_nothing]);
     };
     ($backend:ident, $fixture:expr, processes) => {
         $crate::conformance_suite!(@core $backend, $fixture, [
+            fair_mode_is_fifo, cancelled_wait_leaves_nothing,
+            processes_exclude_each_other, killed_holder_process_frees_lock
+        ]);
+    };
+    // A backend that refuses fair mode (RedLock): the fair tests are
+    // replaced by one that checks the refusal is a clear error.
+    ($backend:ident, $fixture:expr, processes, no_fair) => {
+        $crate::conformance_suite!(@core $backend, $fixture, [
+            fair_mode_is_refused, processes_exclude_each_other, killed_holder_process_frees_lock
+        ]);
+    };
+    // A backend with mutexes only (Redis `layout=simple`): read-write
+    // locks and semaphores are replaced by a check of their refusal.
+    ($backend:ident, $fixture:expr, processes, mutex_only) => {
+        $crate::conformance_suite!(@tests $backend, $fixture, [
+            mutual_exclusion_tasks, owner_only_release, reentrancy_counts,
+            lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
+            fencing_tokens_increase_mutex, lost_signal_when_taken, lost_signal_when_lease_ends,
+            try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
+            cancelled_wait_leaves_nothing, fair_mode_is_fifo, shared_modes_are_refused,
+            fenced_register_rejects_stale_tokens, multilock_is_all_or_nothing,
+            striped_segments_are_independent, bad_input_is_refused,
             processes_exclude_each_other, killed_holder_process_frees_lock
         ]);
     };
@@ -37,9 +60,9 @@ macro_rules! conformance_suite {
             lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
             fencing_tokens_increase, lost_signal_when_taken, lost_signal_when_lease_ends,
             try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
-            cancelled_wait_leaves_nothing, fair_mode_is_fifo, readers_share_writers_exclude,
-            semaphore_never_exceeds_permits, fenced_register_rejects_stale_tokens,
-            multilock_is_all_or_nothing, striped_segments_are_independent, bad_input_is_refused
+            readers_share_writers_exclude, semaphore_never_exceeds_permits,
+            fenced_register_rejects_stale_tokens, multilock_is_all_or_nothing,
+            striped_segments_are_independent, bad_input_is_refused
             $(, $extra)*
         ]);
     };

@@ -45,6 +45,13 @@ impl Wakeups {
         }
     }
 
+    /// Whether anyone waits on `name` now.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn has_interest(&self, name: &str) -> bool {
+        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        names.contains_key(name)
+    }
+
     /// How many names have waiters (for tests and status).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

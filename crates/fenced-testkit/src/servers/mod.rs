@@ -1,0 +1,168 @@
+//! Real servers for the backend tests: each is a direct child of the test
+//! process, on a random loopback port, with its data in a temp dir, and is
+//! stopped by PID when its handle drops.
+//!
+//! Servers also die with the thread that started them (`PR_SET_PDEATHSIG`),
+//! so a test runner killed mid-run leaves no server behind.
+
+pub mod redis;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free TCP port on 127.0.0.1. Another process may take it before the
+/// server binds it: [`Server::start`] callers retry with a new port when
+/// the server exits at once.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The path of `bin` on `PATH` (or in `extra_dirs`), or a panic that says
+/// how to install it.
+pub fn require(bin: &str, package: &str, extra_dirs: &[&str]) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(extra_dirs.iter().map(PathBuf::from))
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "{bin} is not installed: run scripts/test (it installs the test servers) \
+                 or `apt-get install {package}`"
+            )
+        })
+}
+
+/// One server process.
+pub struct Server {
+    child: Child,
+    stop: nix::sys::signal::Signal,
+    log: PathBuf,
+    what: String,
+}
+
+impl Server {
+    /// Starts `cmd` with stdout and stderr appended to `log`, in its own
+    /// process group, to be stopped with `stop`.
+    pub fn start(mut cmd: Command, log: &Path, stop: nix::sys::signal::Signal) -> Server {
+        use std::os::unix::process::CommandExt;
+        let what = format!("{:?}", cmd.get_program());
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap_or_else(|e| panic!("open {}: {e}", log.display()));
+        let err = out.try_clone().expect("dup a log file handle");
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        cmd.process_group(0);
+        die_with_parent(&mut cmd);
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+        Server {
+            child,
+            stop,
+            log: log.to_owned(),
+            what,
+        }
+    }
+
+    /// The server's PID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process has exited.
+    pub fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The end of the server's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Polls `ready` every 20 ms until it holds; `Err` with the log if the
+    /// process exits first or `limit` passes.
+    pub fn wait_ready(
+        &mut self,
+        limit: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<(), String> {
+        let until = Instant::now() + limit;
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            if self.exited() {
+                return Err(format!(
+                    "{} exited at start:\n{}",
+                    self.what,
+                    self.log_tail()
+                ));
+            }
+            if Instant::now() > until {
+                return Err(format!(
+                    "{} not ready after {limit:?}:\n{}",
+                    self.what,
+                    self.log_tail()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends a signal (SIGSTOP, SIGCONT, SIGKILL...) to the server.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig);
+    }
+
+    /// Stops the server with its stop signal, then SIGKILL after 5 s, and reaps it.
+    pub fn stop(&mut self) {
+        if self.exited() {
+            return;
+        }
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+        self.signal(self.stop);
+        let until = Instant::now() + Duration::from_secs(5);
+        while !self.exited() {
+            if Instant::now() > until {
+                self.signal(nix::sys::signal::Signal::SIGKILL);
+                let _ = self.child.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Kills the server at once (SIGKILL) and reaps it: a crash.
+    pub fn kill(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls prctl(2), which is async-signal-safe and touches no memory of
+    // the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
+}

@@ -1,0 +1,218 @@
+//! Connections to one Redis deployment (a server, a Sentinel-watched
+//! master, or a Cluster), re-established after a drop or a failover.
+
+use crate::error::{Error, Result};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, Value};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Where the master is found.
+pub(super) enum Target {
+    Fixed(redis::Client),
+    Sentinel(Box<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+    /// The cluster client, and one plain client per seed node for pub/sub.
+    Cluster(Box<redis::cluster::ClusterClient>, Vec<redis::Client>),
+}
+
+/// A live connection of any topology.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Plain(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Plain(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Plain(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Plain(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// One deployment: a cached connection, replaced when it fails.
+pub(super) struct Node {
+    pub(super) target: Target,
+    pub(super) label: String,
+    config: AsyncConnectionConfig,
+    cached: Mutex<Option<(u64, Conn)>>,
+    connecting: tokio::sync::Mutex<u64>,
+}
+
+impl Node {
+    pub(super) fn new(target: Target, label: String, timeout: Duration) -> Node {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        Node {
+            target,
+            label,
+            config,
+            cached: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(0),
+        }
+    }
+
+    fn current(&self) -> Option<(u64, Conn)> {
+        self.cached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The current connection, made if there is none.
+    pub(super) async fn conn(&self) -> Result<(u64, Conn)> {
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        let mut generation = self.connecting.lock().await;
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        let conn = self.connect().await.map_err(|e| self.error(e))?;
+        *generation += 1;
+        let c = (*generation, conn);
+        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn connect(&self) -> redis::RedisResult<Conn> {
+        match &self.target {
+            Target::Fixed(client) => Ok(Conn::Plain(
+                client
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await?,
+            )),
+            Target::Sentinel(s) => {
+                let client = s.lock().await.async_get_client().await?;
+                let mut c = client
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await?;
+                // Sentinel may still name a master that was just demoted.
+                let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut c).await?;
+                if !matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "sentinel named a server that is not a master (yet)",
+                    )));
+                }
+                Ok(Conn::Plain(c))
+            }
+            Target::Cluster(client, _) => Ok(Conn::Cluster(client.get_async_connection().await?)),
+        }
+    }
+
+    /// A new pub/sub connection to this deployment.
+    pub(super) async fn pubsub(&self) -> redis::RedisResult<redis::aio::PubSub> {
+        match &self.target {
+            Target::Fixed(c) => c.get_async_pubsub().await,
+            Target::Sentinel(s) => {
+                let client = s.lock().await.async_get_client().await?;
+                client.get_async_pubsub().await
+            }
+            // PUBLISH reaches every node of a cluster: any one will do.
+            Target::Cluster(_, seeds) => {
+                let mut last = None;
+                for c in seeds {
+                    match c.get_async_pubsub().await {
+                        Ok(p) => return Ok(p),
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(last.unwrap_or_else(|| {
+                    RedisError::from((redis::ErrorKind::InvalidClientConfig, "no cluster nodes"))
+                }))
+            }
+        }
+    }
+
+    /// Runs `f` on the connection; a connection-level failure drops the
+    /// cached connection so the next call connects again (following a
+    /// failover), and is reported as `Unavailable`, which callers retry.
+    pub(super) async fn run<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let (generation, conn) = self.conn().await?;
+        match f(conn).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                if reconnect_after(&e) {
+                    let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+                    if cached.as_ref().is_some_and(|(g, _)| *g == generation) {
+                        *cached = None;
+                    }
+                }
+                Err(self.error(e))
+            }
+        }
+    }
+
+    /// Maps a Redis error to fenced's kinds, naming this deployment.
+    pub(super) fn error(&self, e: RedisError) -> Error {
+        map_error(&self.label, e)
+    }
+}
+
+/// Errors after which the connection (or the master it points at) is suspect.
+fn reconnect_after(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+}
+
+pub(super) fn map_error(label: &str, e: RedisError) -> Error {
+    let code = e.code().map(str::to_owned);
+    match code.as_deref() {
+        Some("WRONGPASS" | "NOAUTH" | "NOPERM") => {
+            Error::invalid(format!("Redis at {label} refused us: {e}")).with_source(e)
+        }
+        Some("WRONGTYPE") => Error::protocol(format!(
+            "a key of this lock at {label} holds another type of value: another program \
+             uses this name ({e})"
+        ))
+        .with_source(e),
+        Some("READONLY" | "MASTERDOWN" | "LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY") => {
+            Error::unavailable(format!("Redis at {label} cannot take writes now: {e}"))
+                .with_source(e)
+        }
+        _ if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || e.is_cluster_error() =>
+        {
+            Error::unavailable(format!("Redis at {label} is unreachable: {e}")).with_source(e)
+        }
+        _ if e.to_string().contains("WRONGPASS") || e.to_string().contains("NOAUTH") => {
+            Error::invalid(format!("Redis at {label} refused us: {e}")).with_source(e)
+        }
+        _ => {
+            Error::protocol(format!("Redis at {label} answered with an error: {e}")).with_source(e)
+        }
+    }
+}

@@ -1,0 +1,713 @@
+//! Redis: `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`
+//! and `redlock://`.
+//!
+//! Every state change is one Lua script (see [`scripts`] for the keys), so
+//! one round trip to acquire and one to release. Waiters sleep on the
+//! lock's pub/sub channel, one subscription connection per client, with a
+//! fallback re-check when the first lease in their way runs out (a foreign
+//! client's release publishes nothing, and an expiry never does).
+//!
+//! Two layouts, chosen by `?layout=`:
+//! - `redisson` (default): the lock is a hash in Redisson `RLock`'s layout,
+//!   and releases publish Redisson's unlock message on its channel, so
+//!   fenced and Redisson services exclude each other on the same name.
+//! - `simple`: the lock is a string in redis-py `Lock`'s layout (`SET name
+//!   token NX PX`), so fenced and Python services exclude each other.
+//!   Mutexes only (fair or not).
+//!
+//! Guarantee: exact while the master lives. A master that dies before a
+//! grant reaches its replicas can let two holders in after a failover
+//! (`min_replicas` narrows that window); fencing tokens never go below the
+//! server's clock in microseconds, so they keep rising across a restart
+//! without persistence.
+
+mod conn;
+pub(crate) mod redlock;
+mod scripts;
+mod subscribe;
+
+use super::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
+    RegisterValue, Ticket,
+};
+use crate::core::acquire::QUEUE_TTL;
+use crate::core::wake::Wakeups;
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::url::Endpoints;
+use conn::{Conn, Node, Target};
+use redis::Value;
+use scripts::Scripts;
+use std::sync::Arc;
+use std::time::Duration;
+use subscribe::Subscriber;
+
+const DEFAULT_PORT: u16 = 6379;
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Holds renewed by one script call on a single server.
+const RENEW_BATCH: usize = 200;
+
+const PARAMS: &[&str] = &[
+    "layout",
+    "min_replicas",
+    "wait_timeout",
+    "timeout",
+    "sentinel_user",
+    "sentinel_password",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    Redisson,
+    Simple,
+}
+
+/// The keys and channel of one lock name, all in the name's cluster slot.
+struct Keys {
+    lock: String,
+    counter: String,
+    holds: String,
+    queue: String,
+    qexp: String,
+    register: String,
+    channel: String,
+}
+
+impl Keys {
+    fn of(name: &LockName) -> Result<Keys> {
+        let n = name.as_str();
+        Ok(Keys {
+            lock: n.to_owned(),
+            counter: beside("redisson_lock_token", n)?,
+            holds: beside("fenced_holds", n)?,
+            queue: beside("fenced_queue", n)?,
+            qexp: beside("fenced_qexp", n)?,
+            register: beside("fenced_register", n)?,
+            channel: beside("redisson_lock__channel", n)?,
+        })
+    }
+
+    fn lock_keys(&self) -> [&str; 5] {
+        [
+            &self.lock,
+            &self.counter,
+            &self.holds,
+            &self.queue,
+            &self.qexp,
+        ]
+    }
+}
+
+/// The key `prefix:{name}` (Redisson's naming), which Redis Cluster puts in
+/// the same slot as `name`; `prefix:name` when the name carries its own
+/// `{tag}`. A name with a `}` but no non-empty `{tag}` is refused: no key
+/// beside it could share its slot.
+fn beside(prefix: &str, name: &str) -> Result<String> {
+    let tagged = name
+        .find('{')
+        .and_then(|i| name[i + 1..].find('}').map(|j| j > 0))
+        .unwrap_or(false);
+    if tagged {
+        Ok(format!("{prefix}:{name}"))
+    } else if name.contains('}') {
+        Err(Error::invalid(format!(
+            "lock name {name:?} has a '}}' without a non-empty '{{tag}}' before it: Redis \
+             Cluster could not keep its keys in one slot. Drop the braces, or use one \
+             '{{tag}}' (e.g. \"orders:{{42}}\")"
+        )))
+    } else {
+        Ok(format!("{prefix}:{{{name}}}"))
+    }
+}
+
+pub(crate) struct RedisBackend {
+    scheme: &'static str,
+    node: Node,
+    layout: Layout,
+    scripts: Scripts,
+    min_replicas: u32,
+    wait_timeout: Duration,
+    wakeups: Arc<Wakeups>,
+    subscriber: Subscriber,
+}
+
+impl RedisBackend {
+    /// Opens `redis://`, `rediss://`, `redis+sentinel://` or `redis+cluster://`.
+    pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
+        let mut ep = Endpoints::parse(url, DEFAULT_PORT)?;
+        let backend = RedisBackend::from_endpoints(&mut ep, Arc::new(Wakeups::default()))?;
+        ep.finish(PARAMS)?;
+        backend.check().await?;
+        Ok(Arc::new(backend))
+    }
+
+    fn from_endpoints(ep: &mut Endpoints, wakeups: Arc<Wakeups>) -> Result<RedisBackend> {
+        let layout = match ep.take("layout").as_deref() {
+            None | Some("redisson") => Layout::Redisson,
+            Some("simple") => Layout::Simple,
+            Some(other) => {
+                return Err(Error::invalid(format!(
+                    "layout={other:?} in {:?}: use `redisson` (Redisson RLock's hash, the \
+                     default) or `simple` (redis-py Lock's string)",
+                    ep.redacted()
+                )));
+            }
+        };
+        let min_replicas = ep.take_number("min_replicas")?.unwrap_or(0);
+        let wait_timeout = ep
+            .take_duration("wait_timeout")?
+            .unwrap_or(Duration::from_secs(1));
+        let timeout = ep.take_duration("timeout")?.unwrap_or(DEFAULT_TIMEOUT);
+        if timeout.is_zero() {
+            return Err(Error::invalid(
+                "timeout=0 in a Redis URL: it must be positive",
+            ));
+        }
+        let redacted = ep.redacted().to_owned();
+        let client_err = |e: redis::RedisError| {
+            Error::invalid(format!("bad Redis URL {redacted:?}: {e}")).with_source(e)
+        };
+        let creds = ep
+            .userinfo
+            .as_ref()
+            .map_or(String::new(), |u| format!("{u}@"));
+        let (scheme, target) = match ep.scheme.as_str() {
+            s @ ("redis" | "rediss") => {
+                if ep.hosts.len() != 1 {
+                    return Err(Error::invalid(format!(
+                        "{redacted:?} names {} hosts: a {s}:// URL names one server; use \
+                         redlock:// for independent masters or redis+cluster:// for a cluster",
+                        ep.hosts.len()
+                    )));
+                }
+                let u = format!("{s}://{creds}{}/{}", ep.addr(0), ep.path);
+                let scheme = if s == "redis" { "redis" } else { "rediss" };
+                (
+                    scheme,
+                    Target::Fixed(redis::Client::open(u).map_err(client_err)?),
+                )
+            }
+            "redis+sentinel" => {
+                let mut parts = ep.path.splitn(2, '/');
+                let service = parts.next().unwrap_or("").to_owned();
+                if service.is_empty() {
+                    return Err(Error::invalid(format!(
+                        "{redacted:?} names no service: use redis+sentinel://h1:p1,h2:p2/SERVICE"
+                    )));
+                }
+                let db: i64 = match parts.next().filter(|d| !d.is_empty()) {
+                    None => 0,
+                    Some(d) => d.parse().map_err(|_| {
+                        Error::invalid(format!("database {d:?} in {redacted:?} is not a number"))
+                    })?,
+                };
+                let s_user = ep.take("sentinel_user");
+                let s_pass = ep.take("sentinel_password");
+                let sentinels = (0..ep.hosts.len())
+                    .map(|i| {
+                        let mut info = redis::RedisConnectionInfo::default();
+                        if let Some(u) = &s_user {
+                            info = info.set_username(u);
+                        }
+                        if let Some(p) = &s_pass {
+                            info = info.set_password(p);
+                        }
+                        let (h, p) = &ep.hosts[i];
+                        redis::IntoConnectionInfo::into_connection_info(redis::ConnectionAddr::Tcp(
+                            h.clone(),
+                            *p,
+                        ))
+                        .map(|c| c.set_redis_settings(info))
+                    })
+                    .collect::<redis::RedisResult<Vec<_>>>()
+                    .map_err(client_err)?;
+                let mut node_info = redis::RedisConnectionInfo::default().set_db(db);
+                if let Some(u) = &ep.user {
+                    node_info = node_info.set_username(u);
+                }
+                if let Some(p) = &ep.password {
+                    node_info = node_info.set_password(p);
+                }
+                let client = redis::sentinel::SentinelClient::build(
+                    sentinels,
+                    service,
+                    Some(
+                        redis::sentinel::SentinelNodeConnectionInfo::default()
+                            .set_redis_connection_info(node_info),
+                    ),
+                    redis::sentinel::SentinelServerType::Master,
+                )
+                .map_err(client_err)?;
+                (
+                    "redis+sentinel",
+                    Target::Sentinel(Box::new(tokio::sync::Mutex::new(client))),
+                )
+            }
+            "redis+cluster" => {
+                let urls: Vec<String> = (0..ep.hosts.len())
+                    .map(|i| format!("redis://{creds}{}", ep.addr(i)))
+                    .collect();
+                let seeds = urls
+                    .iter()
+                    .map(|u| redis::Client::open(u.as_str()))
+                    .collect::<redis::RedisResult<Vec<_>>>()
+                    .map_err(client_err)?;
+                let client = redis::cluster::ClusterClient::builder(urls)
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .build()
+                    .map_err(client_err)?;
+                ("redis+cluster", Target::Cluster(Box::new(client), seeds))
+            }
+            other => {
+                return Err(Error::invalid(format!(
+                    "{other}:// is not a Redis URL scheme"
+                )));
+            }
+        };
+        let subscriber = Subscriber::new(wakeups.clone());
+        Ok(RedisBackend {
+            scheme,
+            node: Node::new(target, redacted, timeout),
+            layout,
+            scripts: Scripts::new(layout == Layout::Simple),
+            min_replicas,
+            wait_timeout,
+            wakeups,
+            subscriber,
+        })
+    }
+
+    /// Connects once, so that a wrong address or password fails at
+    /// `Client::connect`, and warns if the server may evict lock keys.
+    async fn check(&self) -> Result<()> {
+        self.node
+            .run(|mut c| async move { redis::cmd("PING").query_async::<()>(&mut c).await })
+            .await?;
+        let policy = self
+            .node
+            .run(|mut c| async move {
+                redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("maxmemory-policy")
+                    .query_async::<Vec<String>>(&mut c)
+                    .await
+            })
+            .await;
+        // CONFIG is often disabled on managed Redis: then we cannot tell.
+        if let Ok(p) = policy
+            && let Some(p) = p.get(1)
+            && p != "noeviction"
+        {
+            tracing::warn!(
+                server = %self.node.label,
+                policy = %p,
+                "Redis may evict keys under memory pressure (maxmemory-policy is not \
+                 noeviction): an evicted lock key frees the lock early"
+            );
+        }
+        Ok(())
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self.node.target, Target::Cluster(..))
+    }
+
+    /// One acquire script run; `floor` is the lowest token to issue.
+    async fn acquire_once(&self, req: &Attempt, k: &Keys, floor: u64) -> Result<Outcome> {
+        let field = match self.layout {
+            Layout::Redisson => &req.owner_key,
+            // redis-py's value is the holder's token: ours is the hold id.
+            Layout::Simple => &req.hold_id,
+        };
+        let (take, max) = req.mode.permits();
+        let ticket = req.ticket.map(|t| t.to_string()).unwrap_or_default();
+        let lease = ms(req.lease);
+        let reply: Vec<i64> = self
+            .node
+            .run(|mut c| async move {
+                let mut inv = self.scripts.acquire.prepare_invoke();
+                for key in k.lock_keys() {
+                    inv.key(key);
+                }
+                inv.arg(field)
+                    .arg(&req.hold_id)
+                    .arg(req.mode.code())
+                    .arg(take)
+                    .arg(max)
+                    .arg(lease)
+                    .arg(u8::from(req.fair))
+                    .arg(u8::from(req.will_wait))
+                    .arg(ticket)
+                    .arg(&k.channel)
+                    .arg(floor)
+                    .arg(ms(QUEUE_TTL));
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        match reply.as_slice() {
+            [1, token] => Ok(Outcome::Granted {
+                token: *token as u64,
+            }),
+            [0, ticket, soonest] => Ok(Outcome::Busy(Blocked {
+                ticket: (*ticket >= 0).then_some(*ticket as Ticket),
+                retry_after: (*soonest >= 0).then(|| Duration::from_millis(*soonest as u64)),
+            })),
+            other => Err(Error::protocol(format!(
+                "unexpected reply {other:?} from the acquire script at {}",
+                self.node.label
+            ))),
+        }
+    }
+
+    /// The attempt as a single-server lock: the script, a subscription
+    /// before waiting, and `WAIT` for replicas if asked.
+    async fn attempt_inner(&self, req: &Attempt, floor: u64) -> Result<Outcome> {
+        let k = self.checked_keys(req)?;
+        let mut outcome = self.acquire_once(req, &k, floor).await?;
+        if matches!(outcome, Outcome::Busy(_))
+            && req.will_wait
+            && self
+                .subscriber
+                .ensure(&self.node, &k.channel, req.name.as_str())
+                .await?
+        {
+            // Subscribed just now: a release may have come before it.
+            let mut again = req.clone();
+            if let Outcome::Busy(b) = &outcome {
+                again.ticket = b.ticket.or(req.ticket);
+            }
+            outcome = self.acquire_once(&again, &k, floor).await?;
+        }
+        if let Outcome::Granted { .. } = outcome
+            && self.min_replicas > 0
+        {
+            self.wait_for_replicas(req).await?;
+        }
+        Ok(outcome)
+    }
+
+    fn checked_keys(&self, req: &Attempt) -> Result<Keys> {
+        if self.layout == Layout::Simple && req.mode != Mode::Exclusive {
+            return Err(Error::invalid(format!(
+                "layout=simple (redis-py's Lock) has mutexes only; {:?} needs the default \
+                 layout=redisson",
+                req.mode
+            )));
+        }
+        Keys::of(&req.name)
+    }
+
+    /// `WAIT min_replicas`: the grant must reach that many replicas before
+    /// it counts, narrowing what a failover can lose.
+    async fn wait_for_replicas(&self, req: &Attempt) -> Result<()> {
+        let want = self.min_replicas;
+        let timeout = ms(self.wait_timeout);
+        let got: i64 = self
+            .node
+            .run(|mut c| async move {
+                redis::cmd("WAIT")
+                    .arg(want)
+                    .arg(timeout)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        if got < i64::from(want) {
+            let r = HoldRef {
+                name: req.name.clone(),
+                hold_id: req.hold_id.clone(),
+                lease: req.lease,
+            };
+            let _ = self.release_inner(&r).await;
+            return Err(Error::unavailable(format!(
+                "only {got} of the {want} replicas asked for (min_replicas) confirmed the grant \
+                 of {:?} within {:?}; it was given back",
+                req.name.as_str(),
+                self.wait_timeout
+            )));
+        }
+        Ok(())
+    }
+
+    async fn release_inner(&self, hold: &HoldRef) -> Result<bool> {
+        let k = Keys::of(&hold.name)?;
+        let n: i64 = self
+            .node
+            .run(|mut c| async move {
+                let mut inv = self.scripts.release.prepare_invoke();
+                for key in k.lock_keys() {
+                    inv.key(key);
+                }
+                inv.arg(&hold.hold_id).arg(&k.channel);
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn renew_inner(&self, holds: &[HoldRef]) -> Result<Vec<bool>> {
+        let keys = holds
+            .iter()
+            .map(|h| Keys::of(&h.name))
+            .collect::<Result<Vec<_>>>()?;
+        let batch = if self.is_cluster() { 1 } else { RENEW_BATCH };
+        let calls = holds.chunks(batch).zip(keys.chunks(batch)).map(|(hs, ks)| {
+            self.node.run(move |mut c: Conn| async move {
+                let mut inv = self.scripts.renew.prepare_invoke();
+                for (h, k) in hs.iter().zip(ks) {
+                    inv.key(&k.lock).key(&k.holds);
+                    inv.arg(&h.hold_id).arg(ms(h.lease));
+                }
+                inv.invoke_async::<Vec<i64>>(&mut c).await
+            })
+        });
+        // Concurrent calls on one multiplexed connection go out together:
+        // one round trip per tick.
+        let replies = futures_util::future::join_all(calls).await;
+        let mut out = Vec::with_capacity(holds.len());
+        for r in replies {
+            out.extend(r?.into_iter().map(|v| v == 1));
+        }
+        Ok(out)
+    }
+
+    async fn abandon_inner(
+        &self,
+        name: &LockName,
+        ticket: Option<Ticket>,
+        hold_id: &str,
+    ) -> Result<()> {
+        let k = Keys::of(name)?;
+        let ticket = ticket.map(|t| t.to_string()).unwrap_or_default();
+        self.node
+            .run(|mut c| async move {
+                let mut inv = self.scripts.abandon.prepare_invoke();
+                for key in k.lock_keys() {
+                    inv.key(key);
+                }
+                inv.arg(ticket).arg(hold_id).arg(&k.channel);
+                inv.invoke_async::<()>(&mut c).await
+            })
+            .await
+    }
+
+    async fn status_inner(&self, name: &LockName) -> Result<LockStatus> {
+        let k = Keys::of(name)?;
+        let reply: Vec<Value> = self
+            .node
+            .run(|mut c| async move {
+                let mut inv = self.scripts.status.prepare_invoke();
+                for key in k.lock_keys() {
+                    inv.key(key);
+                }
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        let bad = |what: &str| {
+            Error::protocol(format!(
+                "unexpected status reply from {} ({what})",
+                self.node.label
+            ))
+        };
+        let mut it = reply.into_iter();
+        let last: i64 = it
+            .next()
+            .and_then(|v| redis::from_redis_value(v).ok())
+            .ok_or_else(|| bad("last token"))?;
+        let waiters: i64 = it
+            .next()
+            .and_then(|v| redis::from_redis_value(v).ok())
+            .ok_or_else(|| bad("waiters"))?;
+        let mut holders = Vec::new();
+        for v in it {
+            let (owner, mode, take, max, token, left): (String, i64, u32, u32, i64, i64) =
+                redis::from_redis_value(v).map_err(|_| bad("holder"))?;
+            holders.push(HolderInfo {
+                owner,
+                mode: Mode::from_code(mode, take, max).ok_or_else(|| bad("mode"))?,
+                // A foreign holder (Redisson, redis-py) has no token of ours.
+                token: if token > 0 { token as u64 } else { last as u64 },
+                lease_left: Duration::from_millis(left.max(0) as u64),
+            });
+        }
+        Ok(LockStatus {
+            holders,
+            waiters: waiters as usize,
+            last_token: last as u64,
+        })
+    }
+
+    async fn force_inner(&self, name: &LockName) -> Result<usize> {
+        let k = Keys::of(name)?;
+        let n: i64 = self
+            .node
+            .run(|mut c| async move {
+                let mut inv = self.scripts.force.prepare_invoke();
+                for key in k.lock_keys() {
+                    inv.key(key);
+                }
+                inv.arg(&k.channel);
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(n as usize)
+    }
+
+    /// Raises the fencing counter of `name` to at least `token`.
+    async fn raise(&self, name: &LockName, token: u64) -> Result<()> {
+        let k = Keys::of(name)?;
+        self.node
+            .run(|mut c| async move {
+                self.scripts
+                    .raise
+                    .key(&k.counter)
+                    .arg(token)
+                    .invoke_async::<()>(&mut c)
+                    .await
+            })
+            .await
+    }
+
+    async fn register_read_inner(&self, name: &LockName) -> Result<RegisterValue> {
+        let k = Keys::of(name)?;
+        let (v, f): (Option<Vec<u8>>, Option<u64>) = self
+            .node
+            .run(|mut c| async move {
+                redis::cmd("HMGET")
+                    .arg(&k.register)
+                    .arg("v")
+                    .arg("f")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(v.map(|v| (v, f.unwrap_or(0))))
+    }
+
+    async fn register_write_inner(
+        &self,
+        name: &LockName,
+        fence: Option<u64>,
+        value: &[u8],
+    ) -> Result<bool> {
+        let k = Keys::of(name)?;
+        let fence = fence.map(|f| f.to_string()).unwrap_or_default();
+        let n: i64 = self
+            .node
+            .run(|mut c| async move {
+                self.scripts
+                    .register_write
+                    .key(&k.register)
+                    .arg(fence)
+                    .arg(value)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn register_decrement_inner(&self, name: &LockName, by: i64) -> Result<Option<i64>> {
+        let k = Keys::of(name)?;
+        self.node
+            .run(|mut c| async move {
+                self.scripts
+                    .register_decrement
+                    .key(&k.register)
+                    .arg(by)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await
+            .map_err(|e| {
+                if e.to_string().contains("FENCED_NOT_INTEGER") {
+                    Error::protocol(format!(
+                        "register {:?} does not hold a decimal integer",
+                        name.as_str()
+                    ))
+                } else {
+                    e
+                }
+            })
+    }
+}
+
+/// Whole milliseconds, at least 1.
+fn ms(d: Duration) -> u64 {
+    (d.as_millis() as u64).max(1)
+}
+
+impl Backend for RedisBackend {
+    fn scheme(&self) -> &'static str {
+        self.scheme
+    }
+
+    fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.wakeups
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(self.attempt_inner(req, 0))
+    }
+
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+        Box::pin(self.renew_inner(holds))
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.release_inner(hold))
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        name: &'a LockName,
+        ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.abandon_inner(name, ticket, hold_id))
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(self.status_inner(name))
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(self.force_inner(name))
+    }
+
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+        Box::pin(self.register_read_inner(name))
+    }
+
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.register_write_inner(name, fence, value))
+    }
+
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
+        Box::pin(self.register_decrement_inner(name, by))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_the_lock_slot() {
+        assert_eq!(beside("p", "a").unwrap(), "p:{a}");
+        assert_eq!(beside("p", "x{tag}y").unwrap(), "p:x{tag}y");
+        assert_eq!(beside("p", "a{b").unwrap(), "p:{a{b}");
+        assert!(beside("p", "a}b").is_err());
+        assert!(beside("p", "a{}b").is_err());
+    }
+}

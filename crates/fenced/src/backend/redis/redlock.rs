@@ -1,0 +1,297 @@
+//! `redlock://h1:p1,h2:p2,h3:p3`: RedLock over independent masters.
+//!
+//! An attempt runs the single-server acquire script on every master at
+//! once. The lock is held only if a majority granted it and time is left
+//! of the lease after the round (lease − elapsed − a clock-drift allowance
+//! of 1 % + 2 ms); otherwise every grant is given back and, after a split
+//! vote, the caller retries after a random pause.
+//!
+//! **Fencing across masters.** Each master issues a token from its own
+//! counter; the hold's token is the largest of the majority, and every
+//! master that granted is then raised to it before the grant counts (a
+//! majority must confirm). Any later majority shares a master with this
+//! one, whose counter is at least this token, so later tokens are larger.
+//! This assumes a master does not forget its counter: run masters with
+//! `appendfsync always`, or keep a restarted master out for one maximum
+//! lease (RedLock's delayed restart). Every counter also never issues less
+//! than its server's clock in microseconds, which covers a restart without
+//! persistence as long as the clocks are sane.
+//!
+//! The fenced register (`FencedRegister`) of a `redlock://` client lives on
+//! the first master: it is a convenience beside the lock, not part of the
+//! quorum.
+
+use super::{PARAMS, RedisBackend};
+use crate::backend::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Outcome, RegisterValue,
+    Ticket,
+};
+use crate::core::wake::Wakeups;
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::url::Endpoints;
+use futures_util::future::join_all;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Per-master timeout unless the URL says otherwise: small against a lease,
+/// so one dead master does not eat the validity of a grant.
+const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+
+pub(crate) struct RedLockBackend {
+    nodes: Vec<RedisBackend>,
+    wakeups: Arc<Wakeups>,
+}
+
+impl RedLockBackend {
+    pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
+        let ep = Endpoints::parse(url, super::DEFAULT_PORT)?;
+        if !ep.path.is_empty() {
+            return Err(Error::invalid(format!(
+                "{:?}: a redlock:// URL has no path (every master uses database 0)",
+                ep.redacted()
+            )));
+        }
+        let wakeups = Arc::new(Wakeups::default());
+        let creds = ep
+            .userinfo
+            .as_ref()
+            .map_or(String::new(), |u| format!("{u}@"));
+        let query = url.split_once('?').map_or("", |(_, q)| q);
+        let mut nodes = Vec::new();
+        for i in 0..ep.hosts.len() {
+            let one = format!("redis://{creds}{}?{query}", ep.addr(i));
+            let mut node_ep = Endpoints::parse(&one, super::DEFAULT_PORT)?;
+            if node_ep.take("min_replicas").is_some() {
+                return Err(Error::invalid(
+                    "min_replicas does not apply to redlock:// (its masters have no replicas \
+                     in RedLock's model)",
+                ));
+            }
+            if !one.contains("timeout=") {
+                node_ep = Endpoints::parse(
+                    &format!("{one}&timeout={}ms", NODE_TIMEOUT.as_millis()),
+                    super::DEFAULT_PORT,
+                )?;
+            }
+            let node = RedisBackend::from_endpoints(&mut node_ep, wakeups.clone())?;
+            node_ep.finish(PARAMS)?;
+            nodes.push(node);
+        }
+        let backend = RedLockBackend { nodes, wakeups };
+        // Every master must answer at start: a typo in one address should
+        // not hide behind the quorum.
+        for r in join_all(backend.nodes.iter().map(|n| n.check())).await {
+            r?;
+        }
+        Ok(Arc::new(backend))
+    }
+
+    fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
+        let started = Instant::now();
+        let replies = join_all(self.nodes.iter().map(|n| n.attempt_inner(req, 0))).await;
+        let elapsed = started.elapsed();
+        let drift = req.lease / 100 + Duration::from_millis(2);
+        let valid = req.lease.checked_sub(elapsed + drift).is_some();
+        let mut granted = Vec::new();
+        let mut errors = Vec::new();
+        let mut soonest: Option<Duration> = None;
+        for (i, r) in replies.into_iter().enumerate() {
+            match r {
+                Ok(Outcome::Granted { token }) => granted.push((i, token)),
+                Ok(Outcome::Busy(b)) => {
+                    soonest = match (soonest, b.retry_after) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        if granted.len() >= self.quorum() && valid {
+            let token = granted.iter().map(|(_, t)| *t).max().unwrap_or(0);
+            let raised = join_all(
+                granted
+                    .iter()
+                    .map(|(i, _)| self.nodes[*i].raise(&req.name, token)),
+            )
+            .await;
+            if raised.iter().filter(|r| r.is_ok()).count() >= self.quorum() {
+                return Ok(Outcome::Granted { token });
+            }
+            self.give_back(req, &granted).await;
+            return Err(Error::unavailable(format!(
+                "RedLock on {:?}: a majority granted but could not agree on the fencing token",
+                req.name.as_str()
+            )));
+        }
+        self.give_back(req, &granted).await;
+        if errors.len() > self.nodes.len() - self.quorum() {
+            let first = errors.swap_remove(0);
+            return Err(Error::unavailable(format!(
+                "RedLock on {:?}: {} of {} masters failed, no majority is possible: {first}",
+                req.name.as_str(),
+                errors.len() + 1,
+                self.nodes.len()
+            ))
+            .with_source(first));
+        }
+        let retry_after = if granted.is_empty() {
+            soonest
+        } else {
+            // A split vote: contenders back off for a random while so one
+            // of them can win the next round.
+            Some(Duration::from_millis(fastrand::u64(5..=50)))
+        };
+        Ok(Outcome::Busy(Blocked {
+            ticket: None,
+            retry_after,
+        }))
+    }
+
+    async fn give_back(&self, req: &Attempt, granted: &[(usize, u64)]) {
+        let r = HoldRef {
+            name: req.name.clone(),
+            hold_id: req.hold_id.clone(),
+            lease: req.lease,
+        };
+        join_all(
+            granted
+                .iter()
+                .map(|(i, _)| self.nodes[*i].release_inner(&r)),
+        )
+        .await;
+    }
+
+    /// Runs `f` on every master; fails only if no master answered.
+    async fn on_all<'a, T, F, Fut>(&'a self, f: F) -> Result<Vec<T>>
+    where
+        F: Fn(&'a RedisBackend) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut ok = Vec::new();
+        let mut last = None;
+        for r in join_all(self.nodes.iter().map(f)).await {
+            match r {
+                Ok(v) => ok.push(v),
+                Err(e) => last = Some(e),
+            }
+        }
+        match (ok.is_empty(), last) {
+            (true, Some(e)) => Err(e),
+            _ => Ok(ok),
+        }
+    }
+}
+
+impl Backend for RedLockBackend {
+    fn scheme(&self) -> &'static str {
+        "redlock"
+    }
+
+    fn supports_fair(&self) -> bool {
+        false
+    }
+
+    fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.wakeups
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(self.attempt_inner(req))
+    }
+
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+        Box::pin(async move {
+            let per_node = self.on_all(|n| n.renew_inner(holds)).await?;
+            Ok((0..holds.len())
+                .map(|i| {
+                    per_node.iter().filter(|v| v.get(i) == Some(&true)).count() >= self.quorum()
+                })
+                .collect())
+        })
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let had = self.on_all(|n| n.release_inner(hold)).await?;
+            Ok(had.iter().filter(|h| **h).count() >= self.quorum())
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        name: &'a LockName,
+        ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.on_all(|n| n.abandon_inner(name, ticket, hold_id))
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let all = self.on_all(|n| n.status_inner(name)).await?;
+            // A holder counts where a majority names it.
+            let mut merged: Vec<(HolderInfo, usize)> = Vec::new();
+            for h in all.iter().flat_map(|s| &s.holders) {
+                match merged
+                    .iter_mut()
+                    .find(|(m, _)| m.owner == h.owner && m.mode == h.mode)
+                {
+                    Some((m, n)) => {
+                        m.token = m.token.max(h.token);
+                        m.lease_left = m.lease_left.min(h.lease_left);
+                        *n += 1;
+                    }
+                    None => merged.push((h.clone(), 1)),
+                }
+            }
+            Ok(LockStatus {
+                holders: merged
+                    .into_iter()
+                    .filter(|(_, n)| *n >= self.quorum())
+                    .map(|(h, _)| h)
+                    .collect(),
+                waiters: all.iter().map(|s| s.waiters).max().unwrap_or(0),
+                last_token: all.iter().map(|s| s.last_token).max().unwrap_or(0),
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let n = self.on_all(|n| n.force_inner(name)).await?;
+            Ok(n.into_iter().max().unwrap_or(0))
+        })
+    }
+
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+        Box::pin(self.nodes[0].register_read_inner(name))
+    }
+
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.nodes[0].register_write_inner(name, fence, value))
+    }
+
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
+        Box::pin(self.nodes[0].register_decrement_inner(name, by))
+    }
+}

@@ -1,0 +1,128 @@
+//! One pub/sub connection per client, shared by every waiter: a release
+//! publishes on the lock's channel and the message bumps the name's
+//! [`Wakeups`]. Channels are subscribed the first time a name is waited
+//! on and dropped once many names have no waiter left.
+//!
+//! If the connection drops, every waiter is woken to try again (a message
+//! may have been lost) and the next wait connects again.
+
+use super::conn::Node;
+use crate::core::wake::Wakeups;
+use crate::error::Result;
+use futures_util::StreamExt;
+use redis::aio::PubSubSink;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Subscriptions kept before idle ones are dropped.
+const SWEEP_AT: usize = 1024;
+
+type Channels = Arc<Mutex<HashMap<String, Arc<str>>>>;
+
+pub(super) struct Subscriber {
+    wakeups: Arc<Wakeups>,
+    sink: Arc<tokio::sync::Mutex<Option<PubSubSink>>>,
+    channels: Channels,
+    reader: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        if let Some(r) = lock(&self.reader).take() {
+            r.abort();
+        }
+    }
+}
+
+impl Subscriber {
+    pub(super) fn new(wakeups: Arc<Wakeups>) -> Subscriber {
+        Subscriber {
+            wakeups,
+            sink: Default::default(),
+            channels: Default::default(),
+            reader: Mutex::new(None),
+        }
+    }
+
+    fn has(&self, channel: &str) -> bool {
+        lock(&self.channels).contains_key(channel)
+    }
+
+    /// Makes sure messages on `channel` wake the waiters of `name`.
+    /// Returns `true` if this call subscribed (the caller must look at the
+    /// lock again: a release may have come before the subscription).
+    pub(super) async fn ensure(&self, node: &Node, channel: &str, name: &str) -> Result<bool> {
+        if self.has(channel) {
+            return Ok(false);
+        }
+        let mut sink = self.sink.lock().await;
+        if self.has(channel) {
+            return Ok(false);
+        }
+        if sink.is_none() {
+            let pubsub = node.pubsub().await.map_err(|e| node.error(e))?;
+            let (s, stream) = pubsub.split();
+            *sink = Some(s);
+            let task = tokio::spawn(read(
+                stream,
+                self.channels.clone(),
+                self.sink.clone(),
+                self.wakeups.clone(),
+            ));
+            if let Some(old) = lock(&self.reader).replace(task.abort_handle()) {
+                old.abort();
+            }
+        }
+        let s = sink.as_mut().expect("connected above");
+        if let Err(e) = s.subscribe(channel).await {
+            *sink = None;
+            return Err(node.error(e));
+        }
+        let idle: Vec<String> = {
+            let mut channels = lock(&self.channels);
+            channels.insert(channel.to_owned(), name.into());
+            if channels.len() < SWEEP_AT {
+                Vec::new()
+            } else {
+                let idle: Vec<String> = channels
+                    .iter()
+                    .filter(|(_, n)| !self.wakeups.has_interest(n))
+                    .map(|(c, _)| c.clone())
+                    .collect();
+                for c in &idle {
+                    channels.remove(c);
+                }
+                idle
+            }
+        };
+        if !idle.is_empty() {
+            // Best effort: a failure only leaves unused subscriptions.
+            let _ = s.unsubscribe(&idle).await;
+        }
+        Ok(true)
+    }
+}
+
+async fn read(
+    mut stream: redis::aio::PubSubStream,
+    channels: Channels,
+    sink: Arc<tokio::sync::Mutex<Option<PubSubSink>>>,
+    wakeups: Arc<Wakeups>,
+) {
+    while let Some(msg) = stream.next().await {
+        let name = lock(&channels).get(msg.get_channel_name()).cloned();
+        if let Some(name) = name {
+            wakeups.bump(&name);
+        }
+    }
+    tracing::debug!("redis pub/sub connection closed; waiters will look again");
+    *sink.lock().await = None;
+    let names: Vec<Arc<str>> = lock(&channels).drain().map(|(_, n)| n).collect();
+    for n in names {
+        wakeups.bump(&n);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
