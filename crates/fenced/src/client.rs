@@ -11,6 +11,7 @@ use crate::lock::{Lock, RwLock};
 use crate::name::LockName;
 use crate::options::MAX_PERMITS;
 use crate::owner::Owner;
+use crate::retry::RetryPolicy;
 use crate::striped::StripedLock;
 use std::fmt;
 use std::sync::Arc;
@@ -218,7 +219,15 @@ impl ClientInner {
             worker: &self.worker,
             hold: Some(hold.r.clone()),
         };
-        let was_ours = self.backend.release(&hold.r).await?;
+        // A failover or a dropped connection should not turn a release
+        // into an error: retry transient failures a little, then leave
+        // the hold to the background worker (and, at worst, its lease).
+        // Past the lease the release is moot, so retries stop there.
+        let until = Some(hold.state().deadline);
+        let was_ours = crate::core::acquire::with_retry(&RetryPolicy::default(), until, || {
+            self.backend.release(&hold.r)
+        })
+        .await?;
         pending.hold = None;
         tracing::debug!(lock = %hold.name(), token = hold.token, was_ours, "released");
         Ok(was_ours && believed)

@@ -142,8 +142,13 @@ pub fn cmd_at(port: u16, args: &[&str]) -> redis::RedisResult<redis::Value> {
     c.query(&mut con)
 }
 
+/// The server answers (a password-protected one answers NOAUTH).
 fn ping(port: u16) -> bool {
-    matches!(cmd_at(port, &["PING"]), Ok(redis::Value::SimpleString(s)) if s == "PONG")
+    match cmd_at(port, &["PING"]) {
+        Ok(redis::Value::SimpleString(s)) => s == "PONG",
+        Err(e) => e.code() == Some("NOAUTH") || e.to_string().contains("NOAUTH"),
+        Ok(_) => false,
+    }
 }
 
 fn info_field(port: u16, section: &str, field: &str) -> Option<String> {

@@ -187,6 +187,10 @@ fn reconnect_after(e: &RedisError) -> bool {
 
 pub(super) fn map_error(label: &str, e: RedisError) -> Error {
     let code = e.code().map(str::to_owned);
+    if e.kind() == redis::ErrorKind::AuthenticationFailed {
+        return Error::invalid(format!("Redis at {label} refused the credentials: {e}"))
+            .with_source(e);
+    }
     match code.as_deref() {
         Some("WRONGPASS" | "NOAUTH" | "NOPERM") => {
             Error::invalid(format!("Redis at {label} refused us: {e}")).with_source(e)

@@ -1,0 +1,471 @@
+//! Redis beyond the conformance suite: interop with redis-py and with
+//! Redisson's layout, RedLock with a master down, Sentinel failover, and
+//! bad input and faults.
+
+use fenced::{Client, ErrorKind, RetryPolicy};
+use fenced_testkit::servers::redis::{RedisMasters, RedisSentinel, RedisServer};
+use fenced_testkit::{Timing, unique};
+use nix::sys::signal::Signal;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const FENCED: &str = env!("CARGO_BIN_EXE_fenced");
+
+/// A Python that has redis-py: Debian's `python3-redis` goes with
+/// `/usr/bin/python3`, which may not be the first `python3` on PATH.
+fn python() -> PathBuf {
+    for p in ["/usr/bin/python3", "python3"] {
+        let ok = Command::new(p)
+            .args(["-c", "import redis"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return PathBuf::from(p);
+        }
+    }
+    panic!("no python3 with redis-py: run scripts/test, or `apt-get install python3-redis`");
+}
+
+fn py_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/redis_py_lock.py")
+}
+
+fn redis_py(port: u16, name: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(python());
+    c.arg(py_script())
+        .arg(port.to_string())
+        .arg(name)
+        .args(args);
+    c
+}
+
+fn redis_py_try(port: u16, name: &str) -> String {
+    let out = redis_py(port, name, &["try"]).output().expect("run python");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// fenced (`layout=simple`) and redis-py's `Lock` exclude each other on
+/// the same key, whichever takes it first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_lock_and_fenced_exclude_each_other() {
+    let t = Timing::default();
+    let server = RedisServer::start();
+    let url = format!("{}?layout=simple", server.url());
+    let c = Client::connect(&url).await.unwrap();
+    let name = unique("py");
+
+    // redis-py first.
+    let mut py = redis_py(server.port, &name, &["hold", "1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(py.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "held");
+    let lock = c.mutex(&name).unwrap();
+    assert!(
+        lock.try_acquire().await.unwrap().is_none(),
+        "redis-py holds it"
+    );
+    assert_eq!(c.status(&name).await.unwrap().holders.len(), 1);
+    // Released by redis-py (no message is published): the fallback re-check finds it.
+    let g = lock
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("free once redis-py releases");
+    assert!(py.wait().unwrap().success());
+
+    // fenced first.
+    assert_eq!(redis_py_try(server.port, &name), "busy");
+    assert!(g.release().await.unwrap());
+    assert_eq!(redis_py_try(server.port, &name), "acquired");
+}
+
+/// `fenced run` processes and a redis-py loop increment one file under the
+/// same lock name: no increment is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_and_fenced_run_never_overlap() {
+    const ROUNDS: usize = 25;
+    let server = RedisServer::start();
+    let url = format!("{}?layout=simple", server.url());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("counter");
+    std::fs::write(&file, "0").unwrap();
+    let name = unique("pyloop");
+    let py = redis_py(
+        server.port,
+        &name,
+        &["loop", &ROUNDS.to_string(), file.to_str().unwrap()],
+    )
+    .spawn()
+    .unwrap();
+    let script = format!(
+        "for i in $(seq {ROUNDS}); do {FENCED} run --backend '{url}' {name} -- \
+         sh -c 'n=$(cat {f}); sleep 0.002; echo $((n+1)) > {f}' || exit 1; done",
+        f = file.display()
+    );
+    let sh = Command::new("sh").arg("-c").arg(&script).spawn().unwrap();
+    let (py, sh) = tokio::task::spawn_blocking(move || {
+        let mut py = py;
+        let mut sh = sh;
+        (py.wait().unwrap(), sh.wait().unwrap())
+    })
+    .await
+    .unwrap();
+    assert!(py.success() && sh.success());
+    let n: usize = std::fs::read_to_string(&file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        n,
+        2 * ROUNDS,
+        "an increment was lost: the two clients overlapped"
+    );
+}
+
+/// The default layout is Redisson `RLock`'s: a hash field
+/// `<client id>:<owner id>` with the hold count and a PEXPIRE, released
+/// with a publish of `0` on `redisson_lock__channel:{name}`. A holder
+/// that follows Redisson's scripts (written here from its documented
+/// layout) and fenced exclude each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redisson_layout_on_the_wire() {
+    let t = Timing::default();
+    let server = RedisServer::start();
+    let c = Client::connect(&server.url()).await.unwrap();
+    let name = unique("rsn");
+    let field = format!("{}:{}", c.id(), c.owner().id());
+    let con = redis::Client::open(server.url()).unwrap();
+    let mut con = con.get_connection().unwrap();
+    let redisson_lock = redis::Script::new(
+        "if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then \
+           redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil end \
+         return redis.call('pttl', KEYS[1])",
+    );
+    let redisson_unlock = redis::Script::new(
+        "if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then return nil end \
+         if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then return 0 end \
+         redis.call('del', KEYS[1]); redis.call('publish', KEYS[2], '0'); return 1",
+    );
+    let channel = format!("redisson_lock__channel:{{{name}}}");
+
+    // fenced holds: the hash looks like Redisson's, and Redisson waits.
+    let mut sub = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut pubsub = sub.as_pubsub();
+    pubsub.subscribe(&channel).unwrap();
+    pubsub.set_read_timeout(Some(t.eventually())).unwrap();
+    let g = c.mutex(&name).unwrap().acquire().await.unwrap();
+    let count: Option<i64> = redis::cmd("HGET")
+        .arg(&name)
+        .arg(&field)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(count, Some(1));
+    let ttl: i64 = redis::cmd("PTTL").arg(&name).query(&mut con).unwrap();
+    assert!(ttl > 0 && ttl <= 30_000, "PEXPIRE is the lease: {ttl}");
+    let busy: Option<i64> = redisson_lock
+        .key(&name)
+        .arg(30_000)
+        .arg("redisson-uuid:1")
+        .invoke(&mut con)
+        .unwrap();
+    assert!(
+        busy.is_some_and(|ms| ms > 0),
+        "Redisson must see the lock held"
+    );
+    assert!(g.release().await.unwrap());
+    let msg = pubsub.get_message().expect("fenced's release publishes");
+    assert_eq!(msg.get_channel_name(), channel);
+    assert_eq!(msg.get_payload::<String>().unwrap(), "0");
+    drop(pubsub);
+
+    // Redisson holds: fenced waits, sees the foreign holder, and takes
+    // the lock when Redisson's unlock publishes.
+    let got: Option<i64> = redisson_lock
+        .key(&name)
+        .arg(30_000)
+        .arg("redisson-uuid:1")
+        .invoke(&mut con)
+        .unwrap();
+    assert_eq!(got, None, "free after fenced's release");
+    let lock = c.mutex(&name).unwrap();
+    assert!(lock.try_acquire().await.unwrap().is_none());
+    let st = c.status(&name).await.unwrap();
+    assert_eq!(st.holders.len(), 1);
+    assert_eq!(st.holders[0].owner, "redisson-uuid:1");
+    let waiter = tokio::spawn(async move { lock.acquire().await.map(|g| g.fencing_token()) });
+    tokio::time::sleep(t.ms(100)).await;
+    assert!(!waiter.is_finished());
+    let released: Option<i64> = redisson_unlock
+        .key(&name)
+        .key(&channel)
+        .arg("redisson-uuid:1")
+        .invoke(&mut con)
+        .unwrap();
+    assert_eq!(released, Some(1));
+    let token = tokio::time::timeout(t.eventually(), waiter)
+        .await
+        .expect("the waiter takes the lock after Redisson's unlock")
+        .unwrap()
+        .unwrap();
+    assert!(token > 0);
+}
+
+/// RedLock with one of three masters killed while a lock is held: the
+/// holder keeps it (renewals reach a majority), nobody else gets it, and
+/// after the release the next holder is granted by the remaining majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_stays_exclusive_with_a_master_down() {
+    let t = Timing::default();
+    let mut masters = RedisMasters::start(3);
+    let (a, b) = (
+        Client::connect(&masters.url()).await.unwrap(),
+        Client::connect(&masters.url()).await.unwrap(),
+    );
+    let name = unique("rl");
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .lease(t.ms(600))
+        .acquire()
+        .await
+        .unwrap();
+    let first = g.fencing_token();
+    masters.servers[0].kill();
+    let lock_b = b.mutex(&name).unwrap().retry(RetryPolicy::Never);
+    // Longer than the lease: only renewals by a majority keep it held.
+    for _ in 0..4 {
+        assert!(lock_b.try_acquire().await.unwrap().is_none(), "two holders");
+        tokio::time::sleep(t.ms(300)).await;
+    }
+    assert!(
+        g.is_held(),
+        "renewals on two of three masters keep the lock"
+    );
+    assert!(g.release().await.unwrap());
+    let g2 = lock_b
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("granted by the two masters left");
+    assert!(g2.fencing_token() > first);
+    masters.servers[1].kill();
+    let e = b
+        .mutex(&unique("rl2"))
+        .unwrap()
+        .retry(RetryPolicy::Never)
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("majority"), "{e}");
+}
+
+/// Sentinel: a planned failover keeps the lock (the grant had reached the
+/// replicas) and clients follow the new master; a master that dies before
+/// its replicas saw a grant loses it, which `min_replicas` prevents by
+/// refusing grants the replicas did not confirm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_what_is_kept_and_what_is_lost() {
+    let t = Timing::default();
+    let mut group = RedisSentinel::start();
+    let url = group.url();
+    let (a, b) = (
+        Client::connect(&url).await.unwrap(),
+        Client::connect(&url).await.unwrap(),
+    );
+    let kept = unique("kept");
+    let g = a.mutex(&kept).unwrap().acquire().await.unwrap();
+    let old = group.master_port().unwrap();
+    // Sentinel may not have judged the replicas yet (NOGOODSLAVE): ask again.
+    t.wait_until("sentinel never accepted a failover", || async {
+        fenced_testkit::servers::redis::cmd_at(
+            group.sentinels[0].port,
+            &[
+                "SENTINEL",
+                "FAILOVER",
+                fenced_testkit::servers::redis::SERVICE,
+            ],
+        )
+        .is_ok()
+    })
+    .await;
+    t.wait_until("sentinel never failed over", || async {
+        group.master_port().is_some_and(|p| p != old)
+    })
+    .await;
+    let lock_b = b.mutex(&kept).unwrap();
+    // Clients reconnect to the new master on their own; the lock is there.
+    let seen = tokio::time::timeout(t.eventually(), async {
+        loop {
+            match lock_b.try_acquire().await {
+                Ok(v) => return v,
+                Err(e) if e.kind() == ErrorKind::Unavailable => {
+                    tokio::time::sleep(t.ms(100)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .expect("the new master answers");
+    assert!(
+        seen.is_none(),
+        "the replicated grant survives a planned failover"
+    );
+    assert!(g.release().await.unwrap());
+
+    // The replicas stop (as if partitioned away); a grant reaches only the master.
+    let careful = Client::connect(&format!("{url}?min_replicas=1&wait_timeout=300ms"))
+        .await
+        .unwrap();
+    let master = group.master_port().unwrap();
+    let replicas: Vec<usize> = (0..group.nodes.len())
+        .filter(|i| group.nodes[*i].port != master)
+        .collect();
+    for i in &replicas {
+        group.nodes[*i].process().unwrap().signal(Signal::SIGSTOP);
+    }
+    // Cut the replication links too: bytes already in a stopped replica's
+    // socket would still reach it when it resumes.
+    fenced_testkit::servers::redis::cmd_at(master, &["CLIENT", "KILL", "TYPE", "replica"]).unwrap();
+    let e = careful
+        .mutex(&unique("careful"))
+        .unwrap()
+        .retry(RetryPolicy::Never)
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("replicas"), "{e}");
+    let lost = unique("lost");
+    let g = a.mutex(&lost).unwrap().acquire().await.unwrap();
+    let m = group.nodes.iter_mut().find(|n| n.port == master).unwrap();
+    m.kill();
+    for i in &replicas {
+        group.nodes[*i].process().unwrap().signal(Signal::SIGCONT);
+    }
+    t.wait_until("sentinel never promoted a replica", || async {
+        group.master_port().is_some_and(|p| p != master)
+    })
+    .await;
+    let taken = tokio::time::timeout(t.eventually(), async {
+        loop {
+            match b.mutex(&lost).unwrap().try_acquire().await {
+                Ok(v) => return v,
+                Err(e) if e.kind() == ErrorKind::Unavailable => {
+                    tokio::time::sleep(t.ms(100)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .expect("the promoted replica answers");
+    // The documented loss: the promoted replica never saw the grant.
+    let taken = taken.expect("the grant died with the old master");
+    assert!(
+        taken.fencing_token() > g.fencing_token(),
+        "tokens still rise across the failover (the clock floor)"
+    );
+    drop(g);
+}
+
+/// Bad URLs, credentials, names and leases get clear errors; a server that
+/// dies under a waiter gives an error, not a hang; nothing is left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_and_faults() {
+    let t = Timing::default();
+    let secured = RedisServer::start_with(&["--requirepass", "right"]);
+    let wrong = format!("redis://:wrong@127.0.0.1:{}", secured.port);
+    let e = Client::connect(&wrong).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(
+        !e.to_string().contains("wrong@"),
+        "the password is hidden: {e}"
+    );
+    let right = format!("redis://:right@127.0.0.1:{}", secured.port);
+    Client::connect(&right)
+        .await
+        .expect("the right password works");
+
+    let nobody = fenced_testkit::servers::free_port();
+    let e = Client::connect(&format!("redis://127.0.0.1:{nobody}"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains(&nobody.to_string()), "{e}");
+
+    let mut server = RedisServer::start();
+    for (url, says) in [
+        (format!("{}?layout=bogus", server.url()), "layout"),
+        (format!("{}?nope=1", server.url()), "unknown parameter"),
+        (format!("{}?timeout=soon", server.url()), "duration"),
+        (
+            format!("redis://127.0.0.1:{},127.0.0.1:1", server.port),
+            "redlock",
+        ),
+        ("redis://127.0.0.1:99999".to_owned(), "port"),
+        ("redis+sentinel://127.0.0.1:1".to_owned(), "service"),
+    ] {
+        let e = Client::connect(&url).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{url}: {e}");
+        assert!(e.to_string().contains(says), "{url}: {e}");
+    }
+
+    let c = Client::connect(&server.url()).await.unwrap();
+    let e = c.mutex("a}b").unwrap().try_acquire().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains("slot"), "{e}");
+    // A name with its own hash tag works, and so do braces, quotes and UTF-8.
+    for name in ["orders:{42}", "a{b", "lock 'x\"; DEL *", "naïve ключ"] {
+        let g = c.mutex(name).unwrap().try_acquire().await.unwrap().unwrap();
+        assert!(g.release().await.unwrap(), "{name}");
+    }
+    let e = c
+        .mutex("x")
+        .unwrap()
+        .lease(Duration::from_micros(500))
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+
+    // The server dies while a waiter waits: the waiter gets an error.
+    let name = unique("dies");
+    let _g = c.mutex(&name).unwrap().acquire().await.unwrap();
+    let other = Client::connect(&server.url()).await.unwrap();
+    let waiter = other.mutex(&name).unwrap().retry(RetryPolicy::NTimes {
+        times: 2,
+        sleep: Duration::from_millis(50),
+    });
+    let w = tokio::spawn(async move { waiter.acquire_timeout(Duration::from_secs(60)).await });
+    tokio::time::sleep(t.ms(200)).await;
+    server.kill();
+    let r = tokio::time::timeout(t.eventually(), w)
+        .await
+        .expect("a waiter must not hang on a dead server")
+        .unwrap();
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::Unavailable);
+    server.restart();
+    assert!(
+        other.status(&name).await.unwrap().is_free(),
+        "a restart without persistence forgets the lock"
+    );
+}
