@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod bench;
 mod demo;
 mod run;
 mod status;
@@ -22,11 +23,13 @@ pub(crate) const EXIT_LOST: u8 = 76;
     after_help = "Backend: --backend URL, else $FENCED_BACKEND, else an SQLite file at \
                   $XDG_STATE_HOME/fenced/locks.db (default ~/.local/state/fenced/locks.db), \
                   shared by every fenced process on this host.\n\
-                  URLs: sqlite:///path/locks.db, memory:// (this process only).\n\
+                  URLs: sqlite:///path/locks.db, memory:// (this process only), \
+                  redis://host:6379[?layout=simple], redis+sentinel://h1,h2/SERVICE, \
+                  redis+cluster://h1,h2,h3, redlock://h1,h2,h3.\n\
                   Logs: FENCED_LOG=debug (tracing filter syntax)."
 )]
 struct Cli {
-    /// Backend URL (sqlite:///path/locks.db, memory://).
+    /// Backend URL (sqlite:///path/locks.db, redis://host:6379, memory://...).
     #[arg(long, global = true, env = "FENCED_BACKEND", value_name = "URL")]
     backend: Option<String>,
 
@@ -49,6 +52,10 @@ enum Command {
     Demo(demo::Demo),
     #[command(hide = true)]
     DemoWorker(demo::WorkerArgs),
+    /// Benchmark scenarios (BENCHMARKS.md) beside the engine's own limit.
+    Bench(bench::BenchArgs),
+    #[command(hide = true)]
+    BenchHandoffWorker(bench::HandoffWorkerArgs),
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h`, or `0`.
@@ -106,6 +113,8 @@ fn main() -> ExitCode {
             Command::Status(args) => status::status(backend, args).await,
             Command::Demo(demo) => demo::demo(backend, demo).await,
             Command::DemoWorker(args) => demo::worker(backend, args).await,
+            Command::Bench(args) => bench::bench(backend, args).await,
+            Command::BenchHandoffWorker(args) => bench::handoff_worker(backend, args).await,
         };
         match result {
             Ok(code) => code,

@@ -121,7 +121,22 @@ pub(crate) struct Blocked {
 pub(crate) struct HoldRef {
     pub(crate) name: LockName,
     pub(crate) hold_id: String,
+    /// `<client id>:<owner id>`, as in the attempt that won it.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) owner_key: String,
     pub(crate) lease: Duration,
+}
+
+impl Attempt {
+    /// The hold this attempt makes when granted.
+    pub(crate) fn hold_ref(&self) -> HoldRef {
+        HoldRef {
+            name: self.name.clone(),
+            hold_id: self.hold_id.clone(),
+            owner_key: self.owner_key.clone(),
+            lease: self.lease,
+        }
+    }
 }
 
 /// What the backend knows of one lock name.

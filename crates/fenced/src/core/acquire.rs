@@ -2,7 +2,7 @@
 //! with reentrancy, timeouts, transient-error retries and cleanup when the
 //! caller goes away.
 
-use crate::backend::{Attempt, BoxFuture, HoldRef, Mode, Outcome};
+use crate::backend::{Attempt, BoxFuture, Mode, Outcome};
 use crate::client::ClientInner;
 use crate::core::hold::Hold;
 use crate::core::worker::Job;
@@ -99,6 +99,22 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
     };
     let mut waiting_since = None;
     loop {
+        // Another task of this owner may have won the lock while we
+        // waited (a backend that does not grant one owner twice, like
+        // Redis's simple layout, keeps us waiting on it): nest into its
+        // hold at the next wake-up. Our queue place, if any, is withdrawn
+        // by the cleanup.
+        if waiting_since.is_some()
+            && lock.mode.is_reentrant()
+            && let Some(hold) = inner.holds.join(&lock.name, &owner_key, lock.mode)
+        {
+            tracing::debug!(
+                token = hold.token,
+                count = hold.count(),
+                "re-entered after waiting"
+            );
+            return Ok(Some(Guard::new(hold, inner.clone())));
+        }
         let seen = interest.as_ref().map(|i| i.version());
         cleanup.attempt = Some(attempt.clone());
         let sent = Instant::now();
@@ -106,11 +122,7 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
         match outcome {
             Outcome::Granted { token } => {
                 cleanup.disarm();
-                let r = HoldRef {
-                    name: lock.name.clone(),
-                    hold_id: attempt.hold_id.clone(),
-                    lease: attempt.lease,
-                };
+                let r = attempt.hold_ref();
                 let renewed = lock.opts.lease.is_renewed();
                 let hold = Hold::new(r, owner_key, lock.mode, token, sent);
                 let waited = waiting_since.map(|t: Instant| t.elapsed());

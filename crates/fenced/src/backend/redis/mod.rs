@@ -313,8 +313,8 @@ impl RedisBackend {
         matches!(self.node.target, Target::Cluster(..))
     }
 
-    /// One acquire script run; `floor` is the lowest token to issue.
-    async fn acquire_once(&self, req: &Attempt, k: &Keys, floor: u64) -> Result<Outcome> {
+    /// One acquire script run.
+    async fn acquire_once(&self, req: &Attempt, k: &Keys) -> Result<Outcome> {
         let field = match self.layout {
             Layout::Redisson => &req.owner_key,
             // redis-py's value is the holder's token: ours is the hold id.
@@ -340,7 +340,6 @@ impl RedisBackend {
                     .arg(u8::from(req.will_wait))
                     .arg(ticket)
                     .arg(&k.channel)
-                    .arg(floor)
                     .arg(ms(QUEUE_TTL));
                 inv.invoke_async(&mut c).await
             })
@@ -362,9 +361,9 @@ impl RedisBackend {
 
     /// The attempt as a single-server lock: the script, a subscription
     /// before waiting, and `WAIT` for replicas if asked.
-    async fn attempt_inner(&self, req: &Attempt, floor: u64) -> Result<Outcome> {
+    async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
         let k = self.checked_keys(req)?;
-        let mut outcome = self.acquire_once(req, &k, floor).await?;
+        let mut outcome = self.acquire_once(req, &k).await?;
         if matches!(outcome, Outcome::Busy(_))
             && req.will_wait
             && self
@@ -377,7 +376,7 @@ impl RedisBackend {
             if let Outcome::Busy(b) = &outcome {
                 again.ticket = b.ticket.or(req.ticket);
             }
-            outcome = self.acquire_once(&again, &k, floor).await?;
+            outcome = self.acquire_once(&again, &k).await?;
         }
         if let Outcome::Granted { .. } = outcome
             && self.min_replicas > 0
@@ -414,11 +413,7 @@ impl RedisBackend {
             })
             .await?;
         if got < i64::from(want) {
-            let r = HoldRef {
-                name: req.name.clone(),
-                hold_id: req.hold_id.clone(),
-                lease: req.lease,
-            };
+            let r = req.hold_ref();
             let _ = self.release_inner(&r).await;
             return Err(Error::unavailable(format!(
                 "only {got} of the {want} replicas asked for (min_replicas) confirmed the grant \
@@ -439,7 +434,7 @@ impl RedisBackend {
                 for key in k.lock_keys() {
                     inv.key(key);
                 }
-                inv.arg(&hold.hold_id).arg(&k.channel);
+                inv.arg(&hold.hold_id).arg(&k.channel).arg(&hold.owner_key);
                 inv.invoke_async(&mut c).await
             })
             .await?;
@@ -648,7 +643,7 @@ impl Backend for RedisBackend {
     }
 
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
-        Box::pin(self.attempt_inner(req, 0))
+        Box::pin(self.attempt_inner(req))
     }
 
     fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {

@@ -94,7 +94,7 @@ impl RedLockBackend {
 
     async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
         let started = Instant::now();
-        let replies = join_all(self.nodes.iter().map(|n| n.attempt_inner(req, 0))).await;
+        let replies = join_all(self.nodes.iter().map(|n| n.attempt_inner(req))).await;
         let elapsed = started.elapsed();
         let drift = req.lease / 100 + Duration::from_millis(2);
         let valid = req.lease.checked_sub(elapsed + drift).is_some();
@@ -155,11 +155,7 @@ impl RedLockBackend {
     }
 
     async fn give_back(&self, req: &Attempt, granted: &[(usize, u64)]) {
-        let r = HoldRef {
-            name: req.name.clone(),
-            hold_id: req.hold_id.clone(),
-            lease: req.lease,
-        };
+        let r = req.hold_ref();
         join_all(
             granted
                 .iter()
