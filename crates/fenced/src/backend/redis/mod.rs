@@ -43,6 +43,7 @@ use std::time::Duration;
 use subscribe::Subscriber;
 
 const DEFAULT_PORT: u16 = 6379;
+const SENTINEL_PORT: u16 = 26379;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Holds renewed by one script call on a single server.
 const RENEW_BATCH: usize = 200;
@@ -134,7 +135,12 @@ pub(crate) struct RedisBackend {
 impl RedisBackend {
     /// Opens `redis://`, `rediss://`, `redis+sentinel://` or `redis+cluster://`.
     pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
-        let mut ep = Endpoints::parse(url, DEFAULT_PORT)?;
+        let port = if url.starts_with("redis+sentinel:") {
+            SENTINEL_PORT
+        } else {
+            DEFAULT_PORT
+        };
+        let mut ep = Endpoints::parse(url, port)?;
         let backend = RedisBackend::from_endpoints(&mut ep, Arc::new(Wakeups::default()))?;
         ep.finish(PARAMS)?;
         backend.check().await?;
