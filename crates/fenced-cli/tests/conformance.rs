@@ -25,7 +25,7 @@ fenced_testkit::conformance_suite!(
     redlock,
     fenced_testkit::Fixture::redlock(env!("CARGO_BIN_EXE_fenced")),
     processes,
-    no_fair
+    redlock
 );
 
 fenced_testkit::conformance_suite!(

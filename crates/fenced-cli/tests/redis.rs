@@ -336,6 +336,26 @@ async fn sentinel_failover_what_is_kept_and_what_is_lost() {
         .await
         .unwrap();
     let master = group.master_port().unwrap();
+    // Both replicas follow the new master, in sync, before they stop: a
+    // replica still reconnecting could get the grant from a sync already
+    // under way.
+    // Sentinel turns the old master into a replica at its next INFO poll,
+    // which comes every 10 s.
+    let synced = || {
+        let info = fenced_testkit::servers::redis::cmd_at(master, &["INFO", "replication"])
+            .ok()
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .unwrap_or_default();
+        info.contains("connected_slaves:2") && info.matches("state=online").count() == 2
+    };
+    let until = tokio::time::Instant::now() + t.ms(30_000);
+    while !synced() {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the replicas never caught up with the new master"
+        );
+        tokio::time::sleep(t.ms(50)).await;
+    }
     let replicas: Vec<usize> = (0..group.nodes.len())
         .filter(|i| group.nodes[*i].port != master)
         .collect();

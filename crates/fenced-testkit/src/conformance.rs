@@ -441,6 +441,57 @@ pub async fn shared_modes_are_refused(fx: &Fixture) {
     assert!(w.expect("free").release().await.unwrap());
 }
 
+/// One leader at a time; observers see who; leadership passes on when the
+/// leader resigns, with a larger token, and a former leader cannot proclaim.
+pub async fn leader_election_hands_over(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("elect");
+    let (a, b, c) = (fx.client().await, fx.client().await, fx.client().await);
+    let first = a.election(&name).unwrap().campaign("a").await.unwrap();
+    let eb = b.election(&name).unwrap();
+    assert!(eb.try_campaign("b").await.unwrap().is_none(), "one leader");
+    let seen = c.election(&name).unwrap().leader().await.unwrap().unwrap();
+    assert_eq!(seen.value, b"a");
+    assert_eq!(seen.token, first.guard().fencing_token());
+    let waiting = tokio::spawn(async move { eb.campaign("b").await });
+    tokio::time::sleep(t.ms(50)).await;
+    assert!(!waiting.is_finished());
+    let old_token = first.guard().fencing_token();
+    let stale = a.register(&format!("{name}:leader")).unwrap();
+    assert!(first.resign().await.unwrap());
+    let second = timeout(t.eventually(), waiting)
+        .await
+        .expect("the waiting candidate leads next")
+        .unwrap()
+        .unwrap();
+    assert!(second.guard().fencing_token() > old_token);
+    let seen = c.election(&name).unwrap().leader().await.unwrap().unwrap();
+    assert_eq!(seen.value, b"b");
+    let e = stale
+        .write_with_token(old_token, b"a again")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StaleToken);
+    assert!(second.resign().await.unwrap());
+    assert!(c.election(&name).unwrap().leader().await.unwrap().is_none());
+}
+
+/// A backend without semaphores refuses them with a clear error and takes
+/// nothing.
+pub async fn semaphore_is_refused(fx: &Fixture) {
+    let name = unique("nosem");
+    let c = fx.client().await;
+    let e = c
+        .semaphore(&name, 3)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains("semaphore"), "{e}");
+    assert!(c.status(&name).await.unwrap().is_free());
+}
+
 /// Readers share, writers exclude, a writer may take read, a reader may
 /// not upgrade.
 pub async fn readers_share_writers_exclude(fx: &Fixture) {

@@ -33,11 +33,18 @@ macro_rules! conformance_suite {
             processes_exclude_each_other, killed_holder_process_frees_lock
         ]);
     };
-    // A backend that refuses fair mode (RedLock): the fair tests are
-    // replaced by one that checks the refusal is a clear error.
-    ($backend:ident, $fixture:expr, processes, no_fair) => {
-        $crate::conformance_suite!(@core $backend, $fixture, [
-            fair_mode_is_refused, processes_exclude_each_other, killed_holder_process_frees_lock
+    // RedLock: no fair mode and no semaphores (a majority of masters cannot
+    // bound a count); those tests are replaced by checks of the refusal.
+    ($backend:ident, $fixture:expr, processes, redlock) => {
+        $crate::conformance_suite!(@tests $backend, $fixture, [
+            mutual_exclusion_tasks, owner_only_release, reentrancy_counts,
+            lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
+            fencing_tokens_increase, lost_signal_when_taken, lost_signal_when_lease_ends,
+            try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
+            readers_share_writers_exclude, fair_mode_is_refused, semaphore_is_refused,
+            fenced_register_rejects_stale_tokens, multilock_is_all_or_nothing,
+            striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over,
+            processes_exclude_each_other, killed_holder_process_frees_lock
         ]);
     };
     // A backend with mutexes only (Redis `layout=simple`): read-write
@@ -50,7 +57,7 @@ macro_rules! conformance_suite {
             try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
             cancelled_wait_leaves_nothing, fair_mode_is_fifo, shared_modes_are_refused,
             fenced_register_rejects_stale_tokens, multilock_is_all_or_nothing,
-            striped_segments_are_independent, bad_input_is_refused,
+            striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over,
             processes_exclude_each_other, killed_holder_process_frees_lock
         ]);
     };
@@ -62,7 +69,7 @@ macro_rules! conformance_suite {
             try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
             readers_share_writers_exclude, semaphore_never_exceeds_permits,
             fenced_register_rejects_stale_tokens, multilock_is_all_or_nothing,
-            striped_segments_are_independent, bad_input_is_refused
+            striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over
             $(, $extra)*
         ]);
     };

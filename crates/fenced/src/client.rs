@@ -141,6 +141,11 @@ impl Client {
         Ok(FencedRegister::new(self.clone(), LockName::new(name)?))
     }
 
+    /// A leader election on `name` (see [`Election`](crate::Election)).
+    pub fn election(&self, name: &str) -> Result<crate::Election> {
+        crate::Election::new(self, name)
+    }
+
     /// `segments` mutexes over one hot resource (see [`StripedLock`]).
     pub fn striped(&self, name: &str, segments: u32) -> Result<StripedLock> {
         StripedLock::new(self.clone(), name, segments)

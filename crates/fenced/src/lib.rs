@@ -52,6 +52,7 @@
 mod backend;
 mod client;
 pub(crate) mod core;
+mod election;
 mod error;
 mod fence;
 mod guard;
@@ -67,6 +68,7 @@ mod url;
 pub use crate::backend::{HolderInfo, LockStatus, Mode};
 pub use crate::client::{BACKEND_ENV, Client};
 pub use crate::core::hold::LostReason;
+pub use crate::election::{Election, Leader, Leadership};
 pub use crate::error::{Error, ErrorKind, Result};
 pub use crate::fence::FencedRegister;
 pub use crate::guard::Guard;

@@ -23,8 +23,8 @@
 
 use super::{PARAMS, RedisBackend};
 use crate::backend::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Outcome, RegisterValue,
-    Ticket,
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
+    RegisterValue, Ticket,
 };
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
@@ -93,6 +93,16 @@ impl RedLockBackend {
     }
 
     async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
+        if let Mode::Permits { .. } = req.mode {
+            // k permits granted by a majority each are not k permits: with
+            // 3 masters and 3 permits, holders on {1,2}, {2,3}, {1,3} and
+            // {1,2} fit every master's count, and make 4.
+            return Err(Error::invalid(
+                "redlock:// has no semaphores: a majority of masters cannot bound a count of \
+                 permits (only exclusion survives quorum intersection); use a semaphore on \
+                 redis://, redis+sentinel:// or redis+cluster://",
+            ));
+        }
         let started = Instant::now();
         let replies = join_all(self.nodes.iter().map(|n| n.attempt_inner(req))).await;
         let elapsed = started.elapsed();

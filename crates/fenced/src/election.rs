@@ -1,0 +1,132 @@
+//! Leader election on any backend: a campaign is a mutex held with the
+//! watchdog, and the leader proclaims a value (its address, say) in a
+//! fenced register beside it, under its token.
+
+use crate::client::Client;
+use crate::error::Result;
+use crate::fence::FencedRegister;
+use crate::guard::Guard;
+use crate::lock::Lock;
+use std::time::Duration;
+
+/// An election among the clients that campaign on one name.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let a = fenced::Client::connect("memory://election-doc").await?;
+/// let b = fenced::Client::connect("memory://election-doc").await?;
+/// let leading = a.election("scheduler")?.campaign("10.0.0.7:8080").await?;
+/// assert!(b.election("scheduler")?.try_campaign("10.0.0.8:8080").await?.is_none());
+/// let leader = b.election("scheduler")?.leader().await?.expect("a leader");
+/// assert_eq!(leader.value, b"10.0.0.7:8080");
+/// leading.resign().await?;
+/// assert!(b.election("scheduler")?.leader().await?.is_none());
+/// # Ok::<_, fenced::Error>(()) }).unwrap();
+/// ```
+#[derive(Clone, Debug)]
+pub struct Election {
+    lock: Lock,
+    value: FencedRegister,
+}
+
+/// The current leader as observers see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leader {
+    /// What the leader proclaimed.
+    pub value: Vec<u8>,
+    /// Its fencing token: later leaders have larger ones.
+    pub token: u64,
+}
+
+impl Election {
+    pub(crate) fn new(client: &Client, name: &str) -> Result<Election> {
+        Ok(Election {
+            lock: client.mutex(name)?,
+            value: client.register(&format!("{name}:leader"))?,
+        })
+    }
+
+    /// The lock behind the election, to set its lease, owner or retry policy.
+    pub fn with_lock(mut self, f: impl FnOnce(Lock) -> Lock) -> Self {
+        self.lock = f(self.lock);
+        self
+    }
+
+    /// Waits until this client leads, then proclaims `value`.
+    pub async fn campaign(&self, value: impl AsRef<[u8]>) -> Result<Leadership> {
+        let guard = self.lock.acquire().await?;
+        self.lead(guard, value.as_ref()).await
+    }
+
+    /// Leads if nobody does now; `None` otherwise.
+    pub async fn try_campaign(&self, value: impl AsRef<[u8]>) -> Result<Option<Leadership>> {
+        match self.lock.try_acquire().await? {
+            Some(guard) => Ok(Some(self.lead(guard, value.as_ref()).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Waits up to `wait` to lead.
+    pub async fn campaign_timeout(
+        &self,
+        value: impl AsRef<[u8]>,
+        wait: Duration,
+    ) -> Result<Option<Leadership>> {
+        match self.lock.acquire_timeout(wait).await? {
+            Some(guard) => Ok(Some(self.lead(guard, value.as_ref()).await?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn lead(&self, guard: Guard, value: &[u8]) -> Result<Leadership> {
+        let l = Leadership {
+            guard,
+            value: self.value.clone(),
+        };
+        l.proclaim(value).await?;
+        Ok(l)
+    }
+
+    /// The current leader, if one leads and has proclaimed its value
+    /// (between a new leader's grant and its proclamation there is none).
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        let status = self.lock.status().await?;
+        let Some(holder) = status.holders.first() else {
+            return Ok(None);
+        };
+        Ok(match self.value.read().await? {
+            Some((value, fence)) if fence == holder.token => Some(Leader {
+                value,
+                token: fence,
+            }),
+            _ => None,
+        })
+    }
+}
+
+/// Leadership won in an [`Election`]: a [`Guard`] that also proclaims.
+/// Dropping it resigns (in the background); watch [`Guard::lost`] to stop
+/// leading work the moment leadership is lost.
+#[derive(Debug)]
+pub struct Leadership {
+    guard: Guard,
+    value: FencedRegister,
+}
+
+impl Leadership {
+    /// Publishes a new value for observers, under this leadership's token
+    /// (refused with `StaleToken` if a newer leader has proclaimed).
+    pub async fn proclaim(&self, value: impl AsRef<[u8]>) -> Result<()> {
+        self.value.write(&self.guard, value).await
+    }
+
+    /// The guard of the leadership: token, `is_held`, `lost`.
+    pub fn guard(&self) -> &Guard {
+        &self.guard
+    }
+
+    /// Steps down; `true` if it still led.
+    pub async fn resign(self) -> Result<bool> {
+        self.guard.release().await
+    }
+}
