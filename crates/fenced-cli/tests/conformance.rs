@@ -37,3 +37,9 @@ fenced_testkit::conformance_suite!(
     redis_cluster,
     fenced_testkit::Fixture::redis_cluster(env!("CARGO_BIN_EXE_fenced"))
 );
+
+fenced_testkit::conformance_suite!(
+    postgres,
+    fenced_testkit::Fixture::postgres(env!("CARGO_BIN_EXE_fenced")),
+    processes
+);

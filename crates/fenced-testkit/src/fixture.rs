@@ -75,6 +75,12 @@ impl Fixture {
         Fixture::new(c.url(), Some(fenced_bin.into()), vec![Box::new(c)])
     }
 
+    /// A fresh PostgreSQL server.
+    pub fn postgres(fenced_bin: impl Into<PathBuf>) -> Self {
+        let s = crate::servers::postgres::PgServer::start();
+        Fixture::new(s.url(), Some(fenced_bin.into()), vec![Box::new(s)])
+    }
+
     /// Any URL, keeping `keep` alive as long as the fixture.
     pub fn new(
         url: String,

@@ -46,6 +46,8 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
             }
             crate::backend::redis::RedisBackend::open(url).await
         }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => crate::backend::postgres::PgBackend::open(url).await,
         #[cfg(feature = "redis")]
         "redlock" => crate::backend::redis::redlock::RedLockBackend::open(url).await,
         _ => {
@@ -61,6 +63,11 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
                     ]
                     .into_iter()
                     .filter(|_| cfg!(feature = "redis")),
+                )
+                .chain(
+                    ["postgres", "postgresql"]
+                        .into_iter()
+                        .filter(|_| cfg!(feature = "postgres")),
                 )
                 .collect();
             match PLANNED

@@ -17,6 +17,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 #[cfg(feature = "sqlite")]
@@ -59,7 +61,10 @@ impl Mode {
         }
     }
 
-    #[cfg_attr(not(any(feature = "sqlite", feature = "redis")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "redis", feature = "postgres")),
+        allow(dead_code)
+    )]
     pub(crate) fn from_code(code: i64, take: u32, max: u32) -> Option<Mode> {
         match code {
             0 => Some(Mode::Exclusive),
@@ -69,7 +74,10 @@ impl Mode {
         }
     }
 
-    #[cfg_attr(not(any(feature = "sqlite", feature = "redis")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "redis", feature = "postgres")),
+        allow(dead_code)
+    )]
     pub(crate) fn permits(self) -> (u32, u32) {
         match self {
             Mode::Permits { take, max } => (take, max),

@@ -45,6 +45,15 @@ impl Wakeups {
         }
     }
 
+    /// Tells every waiter to look again (after a lost notification channel).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn bump_all(&self) {
+        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        for e in names.values() {
+            e.tx.send_modify(|v| *v += 1);
+        }
+    }
+
     /// Whether anyone waits on `name` now.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn has_interest(&self, name: &str) -> bool {

@@ -1,0 +1,218 @@
+//! PostgreSQL from Debian's `postgresql`: a server per fixture, started
+//! from a template data directory made once per machine (initdb takes a
+//! second; a copy takes a tenth of that). PostgreSQL refuses to run as
+//! root, so as root the server runs as the `postgres` user.
+
+use super::{Server, free_port};
+use nix::sys::signal::Signal;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// One PostgreSQL server in a temp dir.
+pub struct PgServer {
+    /// Its loopback port.
+    pub port: u16,
+    data: PathBuf,
+    server: Option<Server>,
+    _tmp: tempfile::TempDir,
+}
+
+/// The directory with `initdb`, `postgres` and `pg_isready` (Debian keeps
+/// them off PATH, under `/usr/lib/postgresql/<version>/bin`).
+pub fn bin_dir() -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|p| p.join("postgres").is_file())
+        .collect();
+    found.sort();
+    found.pop().unwrap_or_else(|| {
+        panic!(
+            "PostgreSQL is not installed: run scripts/test (it installs the test servers) \
+             or `apt-get install postgresql`"
+        )
+    })
+}
+
+/// The user the server runs as: `postgres` when we are root, else us.
+fn run_as() -> Option<(u32, u32)> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return None;
+    }
+    let u = nix::unistd::User::from_name("postgres")
+        .ok()
+        .flatten()
+        .expect("a `postgres` user (Debian's postgresql package makes one)");
+    Some((u.uid.as_raw(), u.gid.as_raw()))
+}
+
+fn as_server_user(cmd: &mut Command) {
+    if let Some((uid, gid)) = run_as() {
+        cmd.uid(uid).gid(gid);
+    }
+}
+
+fn chown_tree(path: &Path) {
+    if let Some((uid, gid)) = run_as() {
+        let status = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{uid}:{gid}"))
+            .arg(path)
+            .status()
+            .expect("run chown");
+        assert!(status.success(), "chown {}", path.display());
+    }
+}
+
+/// A data directory made by initdb once, shared by every fixture on this
+/// machine (made in a temp dir and renamed into place, so concurrent test
+/// processes never see half of one).
+fn template() -> PathBuf {
+    let bin = bin_dir();
+    let version = bin
+        .parent()
+        .and_then(|v| v.file_name())
+        .map(|v| v.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("fenced-pg-template-{version}"));
+    if dir.join("PG_VERSION").is_file() {
+        return dir;
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("fenced-pg-initdb")
+        .tempdir()
+        .expect("a temp dir for initdb");
+    let data = tmp.path().join("data");
+    chown_tree(tmp.path());
+    let mut cmd = Command::new(bin.join("initdb"));
+    cmd.arg("-D").arg(&data);
+    cmd.args([
+        "-A",
+        "trust",
+        "-U",
+        "postgres",
+        "--no-sync",
+        "-E",
+        "UTF8",
+        "--locale=C.UTF-8",
+    ]);
+    as_server_user(&mut cmd);
+    let out = cmd.output().expect("run initdb");
+    assert!(
+        out.status.success(),
+        "initdb failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Another process may have won the race: then use its template.
+    if std::fs::rename(&data, &dir).is_err() {
+        assert!(
+            dir.join("PG_VERSION").is_file(),
+            "no PostgreSQL template at {}",
+            dir.display()
+        );
+    }
+    dir
+}
+
+impl PgServer {
+    /// A fresh server with an empty `postgres` database, user `postgres`, trust auth.
+    pub fn start() -> PgServer {
+        let tmp = tempfile::tempdir().expect("a temp dir for PostgreSQL");
+        let data = tmp.path().join("data");
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(template())
+            .arg(&data)
+            .status()
+            .expect("run cp");
+        assert!(status.success(), "copy the PostgreSQL template");
+        chown_tree(tmp.path());
+        let mut last = String::new();
+        for _ in 0..5 {
+            let mut s = PgServer {
+                port: free_port(),
+                data: data.clone(),
+                server: None,
+                _tmp: tempfile::tempdir().expect("a temp dir"),
+            };
+            match s.launch() {
+                Ok(()) => {
+                    s._tmp = tmp;
+                    return s;
+                }
+                Err(e) => last = e,
+            }
+        }
+        panic!("PostgreSQL would not start: {last}");
+    }
+
+    fn launch(&mut self) -> Result<(), String> {
+        let bin = bin_dir();
+        let mut cmd = Command::new(bin.join("postgres"));
+        cmd.arg("-D")
+            .arg(&self.data)
+            .arg("-p")
+            .arg(self.port.to_string());
+        for c in [
+            "listen_addresses=127.0.0.1",
+            "unix_socket_directories=",
+            "fsync=off",
+            "synchronous_commit=off",
+            "full_page_writes=off",
+            "max_connections=200",
+        ] {
+            cmd.arg("-c").arg(c);
+        }
+        as_server_user(&mut cmd);
+        let log = self
+            .data
+            .with_file_name(format!("postgres-{}.log", self.port));
+        // The log file is opened by us (root) before the user switch.
+        let mut server = Server::start(cmd, &log, Signal::SIGINT);
+        let (port, ready_bin) = (self.port, bin.join("pg_isready"));
+        server.wait_ready(Duration::from_secs(30), || {
+            Command::new(&ready_bin)
+                .args(["-h", "127.0.0.1", "-U", "postgres", "-q", "-p"])
+                .arg(port.to_string())
+                .status()
+                .is_ok_and(|s| s.success())
+        })?;
+        self.server = Some(server);
+        Ok(())
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The server process, while it runs.
+    pub fn process(&self) -> Option<&Server> {
+        self.server.as_ref()
+    }
+
+    /// Kills the server (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut s) = self.server.take() {
+            s.kill();
+        }
+    }
+
+    /// Starts the server again on the same port and data.
+    pub fn restart(&mut self) {
+        self.server.take();
+        let mut last = String::new();
+        for _ in 0..50 {
+            match self.launch() {
+                Ok(()) => return,
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("PostgreSQL would not restart on port {}: {last}", self.port);
+    }
+}
