@@ -1,0 +1,130 @@
+//! PostgreSQL beyond the conformance suite: killed connections, a server
+//! restart, injection-shaped names, bad URLs.
+
+use fenced::{Client, ErrorKind};
+use fenced_testkit::servers::postgres::PgServer;
+use fenced_testkit::{Timing, unique};
+use std::process::Command;
+use std::time::Duration;
+
+fn psql(server: &PgServer, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-tAc",
+            sql,
+            "-p",
+        ])
+        .arg(server.port.to_string())
+        .output()
+        .expect("run psql (Debian's postgresql-client)");
+    assert!(
+        out.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A lease-table hold belongs to no connection: killing every connection
+/// of the holder, or restarting the server for less than a lease, keeps it
+/// (the pool reconnects and renewals go on), and nobody else gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_survive_killed_connections_and_a_restart() {
+    let t = Timing::default();
+    let mut server = PgServer::start();
+    let (a, b) = (
+        Client::connect(&server.url()).await.unwrap(),
+        Client::connect(&server.url()).await.unwrap(),
+    );
+    let name = unique("pgkill");
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .lease(t.ms(3000))
+        .acquire()
+        .await
+        .unwrap();
+    let killed = psql(
+        &server,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE pid <> pg_backend_pid() AND datname = 'postgres'",
+    );
+    assert!(killed.parse::<u32>().unwrap() >= 2, "killed {killed}");
+    // Longer than the lease: only renewals over new connections keep it.
+    for _ in 0..4 {
+        tokio::time::sleep(t.ms(1000)).await;
+        assert!(g.is_held(), "renewals reconnect");
+        let other = b.mutex(&name).unwrap().try_acquire().await;
+        assert!(matches!(other, Ok(None)), "{other:?}");
+    }
+    server.restart();
+    tokio::time::sleep(t.ms(1000)).await;
+    let other = tokio::time::timeout(t.eventually(), async {
+        loop {
+            match b.mutex(&name).unwrap().try_acquire().await {
+                Ok(v) => return v,
+                Err(e) if e.kind() == ErrorKind::Unavailable => tokio::time::sleep(t.ms(100)).await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .expect("the restarted server answers");
+    assert!(
+        other.is_none(),
+        "the hold is in the table and survives a restart"
+    );
+    assert!(g.is_held());
+    assert!(g.release().await.unwrap());
+}
+
+/// Names are data: quotes, semicolons and SQL in a lock name change
+/// nothing but that lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injection_shaped_names_stay_data() {
+    let server = PgServer::start();
+    let c = Client::connect(&server.url()).await.unwrap();
+    for name in [
+        "x'); DROP TABLE fenced_holds; --",
+        "a\" OR 1=1 --",
+        "$1 $$ \\ ' ;",
+        "naïve ключ 🔒",
+    ] {
+        let g = c.mutex(name).unwrap().try_acquire().await.unwrap().unwrap();
+        assert_eq!(c.status(name).await.unwrap().holders.len(), 1, "{name}");
+        let r = c.register(name).unwrap();
+        r.write(&g, name).await.unwrap();
+        assert_eq!(r.read().await.unwrap().unwrap().0, name.as_bytes());
+        assert!(g.release().await.unwrap(), "{name}");
+    }
+    assert_eq!(psql(&server, "SELECT count(*) FROM fenced_holds"), "0");
+    assert_eq!(psql(&server, "SELECT count(*) FROM fenced_locks"), "4");
+}
+
+/// Bad URLs and unreachable servers get clear errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_and_unreachable_servers() {
+    let server = PgServer::start();
+    let no_db = format!("postgres://postgres@127.0.0.1:{}/nope", server.port);
+    let e = Client::connect(&no_db).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    let bad_pool = format!("{}?pool=0", server.url());
+    let e = Client::connect(&bad_pool).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains("pool"), "{e}");
+    let nobody = fenced_testkit::servers::free_port();
+    let e = tokio::time::timeout(
+        Duration::from_secs(60),
+        Client::connect(&format!("postgres://postgres@127.0.0.1:{nobody}/postgres")),
+    )
+    .await
+    .expect("connect must give up")
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+}
