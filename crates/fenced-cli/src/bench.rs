@@ -82,6 +82,14 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     let url = client.url().to_owned();
     let scheme = url.split(':').next().unwrap_or("").to_owned();
     let report = Report { json: args.json };
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres") {
+        let (rate, cmd) = postgres_limit(&url).await?;
+        report.row(
+            json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
+                          "ops_per_sec": rate}),
+        );
+    }
     let limits = redis_limits(&url)?;
     if let Some(l) = &limits {
         for (rate, cmd) in [(l.set, &l.set_cmd), (l.eval, &l.eval_cmd)] {
@@ -310,4 +318,25 @@ fn redis_limits(url: &str) -> anyhow::Result<Option<Limits>> {
         eval,
         eval_cmd,
     }))
+}
+
+/// A raw loop of one-row upserts on one PostgreSQL connection: what a
+/// single statement costs on this server (an acquire+release is at least
+/// two).
+#[cfg(feature = "postgres")]
+async fn postgres_limit(url: &str) -> anyhow::Result<(f64, String)> {
+    use sqlx::Connection;
+    const SQL: &str = "INSERT INTO fenced_locks (name) VALUES ('bench:limit') \
+        ON CONFLICT (name) DO UPDATE SET token = fenced_locks.token + 1";
+    let mut base = url::Url::parse(url)?;
+    base.set_query(None);
+    let mut c = sqlx::PgConnection::connect(base.as_str()).await?;
+    let n = 5000;
+    let start = Instant::now();
+    for _ in 0..n {
+        sqlx::query(SQL).execute(&mut c).await?;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    c.close().await?;
+    Ok((rate, format!("{n} x {SQL}")))
 }

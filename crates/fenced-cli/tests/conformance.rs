@@ -25,7 +25,7 @@ fenced_testkit::conformance_suite!(
     redlock,
     fenced_testkit::Fixture::redlock(env!("CARGO_BIN_EXE_fenced")),
     processes,
-    redlock
+    no_fair_no_permits
 );
 
 fenced_testkit::conformance_suite!(
@@ -42,4 +42,11 @@ fenced_testkit::conformance_suite!(
     postgres,
     fenced_testkit::Fixture::postgres(env!("CARGO_BIN_EXE_fenced")),
     processes
+);
+
+fenced_testkit::conformance_suite!(
+    postgres_advisory,
+    fenced_testkit::Fixture::postgres_with(env!("CARGO_BIN_EXE_fenced"), "?mode=advisory"),
+    processes,
+    no_fair_no_permits
 );

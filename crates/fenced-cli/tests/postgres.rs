@@ -128,3 +128,55 @@ async fn bad_urls_and_unreachable_servers() {
     .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
 }
+
+/// `mode=advisory`: killing the holder's session frees the lock on the
+/// server at once, and the holder's renewal notices and fires its lost
+/// signal. Keys follow the documented derivation (FNV-1a 64 of the name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_session_killed_fires_the_lost_signal() {
+    let t = Timing::default();
+    let server = PgServer::start();
+    let url = format!("{}?mode=advisory", server.url());
+    let (a, b) = (
+        Client::connect(&url).await.unwrap(),
+        Client::connect(&url).await.unwrap(),
+    );
+    let name = unique("adv");
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .lease(t.ms(900))
+        .acquire()
+        .await
+        .unwrap();
+    let held = psql(
+        &server,
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+    );
+    assert_eq!(held, "1");
+    let killed = psql(
+        &server,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
+         WHERE locktype = 'advisory' AND granted",
+    );
+    assert_eq!(killed, "1");
+    let reason = tokio::time::timeout(t.eventually(), g.lost())
+        .await
+        .expect("the renewal sees the dead session");
+    assert_eq!(reason, fenced::LostReason::Taken);
+    let g2 = b
+        .mutex(&name)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("the server freed the lock with the session");
+    assert!(g2.fencing_token() > g.fencing_token());
+    let e = b
+        .semaphore(&name, 2)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+}

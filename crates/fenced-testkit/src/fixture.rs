@@ -77,8 +77,17 @@ impl Fixture {
 
     /// A fresh PostgreSQL server.
     pub fn postgres(fenced_bin: impl Into<PathBuf>) -> Self {
+        Fixture::postgres_with(fenced_bin, "")
+    }
+
+    /// A fresh PostgreSQL server, with `query` (e.g. `?mode=advisory`) on the URL.
+    pub fn postgres_with(fenced_bin: impl Into<PathBuf>, query: &str) -> Self {
         let s = crate::servers::postgres::PgServer::start();
-        Fixture::new(s.url(), Some(fenced_bin.into()), vec![Box::new(s)])
+        Fixture::new(
+            format!("{}{query}", s.url()),
+            Some(fenced_bin.into()),
+            vec![Box::new(s)],
+        )
     }
 
     /// Any URL, keeping `keep` alive as long as the fixture.

@@ -33,9 +33,10 @@ macro_rules! conformance_suite {
             processes_exclude_each_other, killed_holder_process_frees_lock
         ]);
     };
-    // RedLock: no fair mode and no semaphores (a majority of masters cannot
-    // bound a count); those tests are replaced by checks of the refusal.
-    ($backend:ident, $fixture:expr, processes, redlock) => {
+    // No fair mode and no semaphores (RedLock: a majority of masters cannot
+    // bound a count; PostgreSQL advisory locks count no permits): those
+    // tests are replaced by checks of the refusal.
+    ($backend:ident, $fixture:expr, processes, no_fair_no_permits) => {
         $crate::conformance_suite!(@tests $backend, $fixture, [
             mutual_exclusion_tasks, owner_only_release, reentrancy_counts,
             lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,

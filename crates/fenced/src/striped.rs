@@ -96,7 +96,7 @@ fn segment_name(name: &str, index: u32) -> String {
 /// FNV-1a, written out because the standard hashers promise no stability
 /// across Rust releases and every process of a service must map a key to
 /// the same segment.
-struct Fnv1a(u64);
+pub(crate) struct Fnv1a(u64);
 
 impl Default for Fnv1a {
     fn default() -> Self {

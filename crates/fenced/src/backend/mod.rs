@@ -18,6 +18,8 @@ use std::time::Duration;
 
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
+pub(crate) mod pg_advisory;
+#[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;

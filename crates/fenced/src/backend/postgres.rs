@@ -74,7 +74,10 @@ const CHANNEL: &str = "fenced_wake";
 /// Serialises schema creation between processes.
 const SCHEMA_LOCK: i64 = 0x6665_6e63_6564; // "fenced"
 
-const PARAMS: &[&str] = &["pool"];
+const NEXT_TOKEN: &str = "INSERT INTO fenced_locks (name, token)
+    VALUES ($1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
+    ON CONFLICT (name) DO UPDATE SET token = GREATEST(fenced_locks.token + 1, EXCLUDED.token)
+    RETURNING token";
 
 const LOCK_NAME: &str = "INSERT INTO fenced_locks (name) VALUES ($1)
     ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
@@ -149,11 +152,24 @@ fn ms(d: Duration) -> i64 {
 }
 
 impl PgBackend {
+    /// Opens `postgres://…`: the lease table, or with `?mode=advisory`
+    /// session advisory locks beside it.
     pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
+        let (me, opts, advisory) = PgBackend::open_table(url).await?;
+        if advisory {
+            return super::pg_advisory::PgAdvisory::open(me, opts).await;
+        }
+        Ok(me)
+    }
+
+    /// The lease-table backend, the options for more connections, and
+    /// whether `mode=advisory` was asked for.
+    async fn open_table(url: &str) -> Result<(Arc<PgBackend>, PgConnectOptions, bool)> {
         let label = crate::url::redact(url);
         let mut parsed = url::Url::parse(url)
             .map_err(|e| Error::invalid(format!("bad PostgreSQL URL {label:?}: {e}")))?;
         let mut pool_size: u32 = 8;
+        let mut advisory = false;
         let mut kept = Vec::new();
         for (k, v) in parsed.query_pairs() {
             match k.as_ref() {
@@ -168,12 +184,16 @@ impl PgBackend {
                             ))
                         })?;
                 }
-                "mode" => {
-                    return Err(Error::invalid(format!(
-                        "mode={v:?} in {label:?}: only the lease-table mode is in this release \
-                         (advisory mode is planned)"
-                    )));
-                }
+                "mode" => match v.as_ref() {
+                    "lease" => advisory = false,
+                    "advisory" => advisory = true,
+                    _ => {
+                        return Err(Error::invalid(format!(
+                            "mode={v:?} in {label:?}: use `lease` (the lease table, the \
+                             default) or `advisory` (session advisory locks)"
+                        )));
+                    }
+                },
                 _ => kept.push((k.into_owned(), v.into_owned())),
             }
         }
@@ -181,14 +201,13 @@ impl PgBackend {
         if !kept.is_empty() {
             parsed.query_pairs_mut().extend_pairs(&kept);
         }
-        let _ = PARAMS;
         let opts = PgConnectOptions::from_str(parsed.as_str()).map_err(|e| {
             Error::invalid(format!("bad PostgreSQL URL {label:?}: {e}")).with_source(e)
         })?;
         let pool = PgPoolOptions::new()
             .max_connections(pool_size)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(opts)
+            .connect_with(opts.clone())
             .await
             .map_err(|e| db(&label, e))?;
         let mut tx = pool.begin().await.map_err(|e| db(&label, e))?;
@@ -208,15 +227,53 @@ impl PgBackend {
             .map_err(|e| db(&label, e))?;
         listener.listen(CHANNEL).await.map_err(|e| db(&label, e))?;
         let listener = tokio::spawn(listen(listener, wakeups.clone()));
-        Ok(Arc::new(PgBackend {
+        let me = Arc::new(PgBackend {
             pool,
             label,
             wakeups,
             listener,
-        }))
+        });
+        Ok((me, opts, advisory))
     }
 
-    fn db(&self, e: sqlx::Error) -> Error {
+    /// The URL with its password hidden.
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Wakes the waiters of `name` in every client.
+    pub(crate) async fn notify(&self, name: &str) {
+        if let Err(e) = sqlx::query(NOTIFY).bind(name).fetch_one(&self.pool).await {
+            tracing::debug!(error = %e, "NOTIFY failed; waiters will look again on their own");
+        }
+    }
+
+    /// Raises and returns the fencing token of `name` (advisory mode).
+    pub(crate) async fn next_token(&self, c: &mut PgConnection, name: &str) -> Result<u64> {
+        let row = sqlx::query(NEXT_TOKEN)
+            .bind(name)
+            .fetch_one(c)
+            .await
+            .map_err(|e| self.db(e))?;
+        Ok(row.try_get::<i64, _>("token").map_err(|e| self.db(e))? as u64)
+    }
+
+    /// The last token of `name`.
+    pub(crate) async fn last_token(&self, name: &str) -> Result<u64> {
+        let row = sqlx::query(STATUS_WAITERS)
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.db(e))?;
+        Ok(row.try_get::<i64, _>("token").map_err(|e| self.db(e))? as u64)
+    }
+
+    /// The shared pool, for queries that need no session of their own.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub(crate) fn db(&self, e: sqlx::Error) -> Error {
         db(&self.label, e)
     }
 
@@ -377,7 +434,7 @@ fn is_conflict(e: &sqlx::Error) -> bool {
 }
 
 /// Maps a driver error to fenced's kinds.
-fn db(label: &str, e: sqlx::Error) -> Error {
+pub(crate) fn db(label: &str, e: sqlx::Error) -> Error {
     let code = e
         .as_database_error()
         .and_then(|d| d.code())

@@ -1,0 +1,441 @@
+//! `postgres://…?mode=advisory`: PostgreSQL session-level advisory locks.
+//!
+//! For users who want a lock tied to a database session: each hold owns
+//! one dedicated connection (not a pooled one, which would go back to the
+//! pool still holding the lock) and holds `pg_advisory_lock` (exclusive)
+//! or `pg_advisory_lock_shared` (read) on the name's key. If the holder's
+//! process dies, or its session is killed (`pg_terminate_backend`), the
+//! server frees the lock at once; the watchdog's renewal notices a dead
+//! session and fires the lost signal.
+//!
+//! **Leases** still hold: a hold whose lease ends without a renewal (a
+//! fixed lease, or a guard leaked by a live process) closes its session,
+//! which frees the lock, so the lease contract is the same in both modes.
+//!
+//! **Key derivation**: the key of a name is the 64-bit FNV-1a hash of its
+//! UTF-8 bytes, as a signed `bigint` (`pg_locks` shows its high and low 32
+//! bits as `classid` and `objid`, `objsubid = 1`). Two names collide with
+//! probability 2⁻⁶⁴; other libraries derive keys differently (sqlx's
+//! `PgAdvisoryLock` uses an HKDF), so they do not share locks with fenced.
+//!
+//! **Tokens** come from the same `fenced_locks` table as the lease-table
+//! mode, raised after each grant; registers are the same table too.
+//! There is no fair mode and no semaphore (an advisory lock counts no
+//! permits). A transaction-pooling proxy (PgBouncer `pool_mode =
+//! transaction`) would hand our session to others; it is detected at
+//! connect (the backend pid changes between statements) and refused.
+
+use super::postgres::PgBackend;
+use super::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
+    RegisterValue, Ticket,
+};
+use crate::core::wake::Wakeups;
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, Row};
+use std::collections::HashMap;
+use std::hash::Hasher;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+const TRY_LOCK: &str = "SELECT set_config('application_name', $1, false) AS app,
+    pg_try_advisory_lock($2) AS got";
+const TRY_LOCK_SHARED: &str = "SELECT set_config('application_name', $1, false) AS app,
+    pg_try_advisory_lock_shared($2) AS got";
+const UNLOCK: &str = "SELECT pg_advisory_unlock($1) AS was";
+const UNLOCK_SHARED: &str = "SELECT pg_advisory_unlock_shared($1) AS was";
+const HOLDERS: &str = "SELECT a.application_name AS owner, l.mode AS lmode, l.granted AS granted
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2
+      AND l.objsubid = 1";
+const TERMINATE: &str = "SELECT count(pg_terminate_backend(l.pid)) AS n FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2
+      AND l.objsubid = 1 AND l.granted";
+
+/// The advisory key of a name (see the module docs).
+pub(crate) fn key(name: &str) -> i64 {
+    let mut h = crate::striped::Fnv1a::default();
+    h.write(name.as_bytes());
+    h.finish() as i64
+}
+
+/// `classid` and `objid` of a key as `pg_locks` shows them.
+fn halves(key: i64) -> (i64, i64) {
+    let k = key as u64;
+    ((k >> 32) as i64, (k & 0xffff_ffff) as i64)
+}
+
+/// One hold: its session, and the deadline a renewal moves.
+struct SessionHold {
+    /// Shared by the holds of one owner on one key (a writer taking read
+    /// must use its own session, or its write lock would block it).
+    conn: Session,
+    owner: String,
+    shared: bool,
+    key: i64,
+    name: LockName,
+    deadline: watch::Sender<Instant>,
+}
+
+type Holds = Arc<Mutex<HashMap<String, Arc<SessionHold>>>>;
+type Session = Arc<tokio::sync::Mutex<Option<PgConnection>>>;
+
+pub(crate) struct PgAdvisory {
+    table: Arc<PgBackend>,
+    opts: PgConnectOptions,
+    holds: Holds,
+}
+
+impl PgAdvisory {
+    pub(crate) async fn open(
+        table: Arc<PgBackend>,
+        opts: PgConnectOptions,
+    ) -> Result<Arc<dyn Backend>> {
+        let me = PgAdvisory {
+            table,
+            opts,
+            holds: Default::default(),
+        };
+        me.check_session_pinning().await?;
+        Ok(Arc::new(me))
+    }
+
+    fn db(&self, e: sqlx::Error) -> Error {
+        self.table.db(e)
+    }
+
+    async fn session(&self) -> Result<PgConnection> {
+        PgConnection::connect_with(&self.opts)
+            .await
+            .map_err(|e| self.db(e))
+    }
+
+    /// A transaction-pooling proxy gives each statement whichever server
+    /// session is free: a session lock taken through it is not ours.
+    async fn check_session_pinning(&self) -> Result<()> {
+        let mut c = self.session().await?;
+        let mut pids = Vec::new();
+        for _ in 0..3 {
+            let row = sqlx::query("SELECT pg_backend_pid() AS pid")
+                .fetch_one(&mut c)
+                .await
+                .map_err(|e| self.db(e))?;
+            pids.push(row.try_get::<i32, _>("pid").map_err(|e| self.db(e))?);
+        }
+        let _ = c.close().await;
+        if pids.windows(2).any(|w| w[0] != w[1]) {
+            return Err(Error::invalid(format!(
+                "{}: consecutive statements ran in different server sessions (pids {pids:?}), \
+                 as behind a transaction-pooling proxy (PgBouncer pool_mode=transaction); \
+                 session advisory locks would be released or shared by the proxy. Connect to \
+                 PostgreSQL directly, or drop mode=advisory for the lease-table mode",
+                self.table.label()
+            )));
+        }
+        Ok(())
+    }
+
+    async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
+        let shared = match req.mode {
+            Mode::Exclusive => false,
+            Mode::Shared => true,
+            Mode::Permits { .. } => {
+                return Err(Error::invalid(
+                    "mode=advisory has no semaphores (an advisory lock counts no permits); \
+                     use the default lease-table mode",
+                ));
+            }
+        };
+        let k = key(req.name.as_str());
+        let mine = lock(&self.holds)
+            .values()
+            .find(|h| h.key == k && h.owner == req.owner_key)
+            .map(|h| h.conn.clone());
+        let fresh = mine.is_none();
+        let session: Session = match mine {
+            Some(s) => s,
+            None => Arc::new(tokio::sync::Mutex::new(Some(self.session().await?))),
+        };
+        // application_name is at most 63 bytes: keep the owner's end.
+        let o = req.owner_key.as_str();
+        let mut start = o.len().saturating_sub(63);
+        while !o.is_char_boundary(start) {
+            start += 1;
+        }
+        let token = {
+            let mut guard = session.lock().await;
+            let Some(conn) = guard.as_mut() else {
+                return Err(Error::unavailable(format!(
+                    "{}: the session of this owner's other hold has just ended; try again",
+                    self.table.label()
+                )));
+            };
+            let got = sqlx::query(if shared { TRY_LOCK_SHARED } else { TRY_LOCK })
+                .bind(&o[start..])
+                .bind(k)
+                .fetch_one(&mut *conn)
+                .await
+                .and_then(|r| r.try_get::<bool, _>("got"))
+                .map_err(|e| self.db(e));
+            match got {
+                Ok(true) => {}
+                other => {
+                    if fresh && let Some(c) = guard.take() {
+                        let _ = c.close().await;
+                    }
+                    other?;
+                    return Ok(Outcome::Busy(Blocked {
+                        ticket: None,
+                        retry_after: None,
+                    }));
+                }
+            }
+            match self.table.next_token(conn, req.name.as_str()).await {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = sqlx::query(if shared { UNLOCK_SHARED } else { UNLOCK })
+                        .bind(k)
+                        .execute(&mut *conn)
+                        .await;
+                    if fresh && let Some(c) = guard.take() {
+                        let _ = c.close().await;
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        let hold = Arc::new(SessionHold {
+            conn: session,
+            owner: req.owner_key.clone(),
+            shared,
+            key: k,
+            name: req.name.clone(),
+            deadline: watch::Sender::new(Instant::now() + req.lease),
+        });
+        lock(&self.holds).insert(req.hold_id.clone(), hold.clone());
+        tokio::spawn(expire(
+            hold,
+            req.hold_id.clone(),
+            self.holds.clone(),
+            self.table.clone(),
+        ));
+        Ok(Outcome::Granted { token })
+    }
+
+    /// Unlocks and closes the session of `hold_id`; whether it still held.
+    async fn end(&self, hold_id: &str) -> bool {
+        let Some(hold) = lock(&self.holds).remove(hold_id) else {
+            return false;
+        };
+        // Let its expiry task end now, dropping its share of the session.
+        hold.deadline.send_replace(Instant::now());
+        let was = unlock(&hold).await;
+        self.table.notify(hold.name.as_str()).await;
+        was
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Unlocks the hold, and closes its session unless another hold of the
+/// owner uses it; whether the lock was still held.
+async fn unlock(hold: &SessionHold) -> bool {
+    let mut guard = hold.conn.lock().await;
+    let Some(c) = guard.as_mut() else {
+        return false;
+    };
+    let was = sqlx::query(if hold.shared { UNLOCK_SHARED } else { UNLOCK })
+        .bind(hold.key)
+        .fetch_one(&mut *c)
+        .await
+        .and_then(|r| r.try_get::<bool, _>("was"))
+        .unwrap_or(false);
+    // The map and this hold are gone: only other holds keep the session.
+    if Arc::strong_count(&hold.conn) == 1
+        && let Some(c) = guard.take()
+    {
+        // Closing the session frees the lock even if the unlock failed.
+        let _ = c.close().await;
+    }
+    was
+}
+
+/// Ends a hold whose lease ran out without a renewal.
+async fn expire(hold: Arc<SessionHold>, hold_id: String, holds: Holds, table: Arc<PgBackend>) {
+    let mut rx = hold.deadline.subscribe();
+    loop {
+        let until = *rx.borrow_and_update();
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => {
+                if *rx.borrow() <= Instant::now() {
+                    break;
+                }
+            }
+            changed = rx.changed() => if changed.is_err() { break },
+        }
+    }
+    if lock(&holds).remove(&hold_id).is_some() {
+        unlock(&hold).await;
+        table.notify(hold.name.as_str()).await;
+    }
+}
+
+impl Backend for PgAdvisory {
+    fn scheme(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn supports_fair(&self) -> bool {
+        false
+    }
+
+    fn wakeups(&self) -> &Arc<Wakeups> {
+        self.table.wakeups()
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(self.attempt_inner(req))
+    }
+
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+        Box::pin(async move {
+            let checks = refs.iter().map(|r| async move {
+                let Some(hold) = lock(&self.holds).get(&r.hold_id).cloned() else {
+                    return false;
+                };
+                let mut c = hold.conn.lock().await;
+                let Some(conn) = c.as_mut() else {
+                    return false;
+                };
+                // The session is alive, so the server still holds our lock.
+                let alive = sqlx::query("SELECT 1").execute(conn).await.is_ok();
+                if alive {
+                    hold.deadline.send_replace(Instant::now() + r.lease);
+                }
+                alive
+            });
+            Ok(futures_util::future::join_all(checks).await)
+        })
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Ok(self.end(&hold.hold_id).await) })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        _name: &'a LockName,
+        _ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.end(hold_id).await;
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let (hi, lo) = halves(key(name.as_str()));
+            let rows = sqlx::query(HOLDERS)
+                .bind(hi)
+                .bind(lo)
+                .fetch_all(self.table.pool())
+                .await
+                .map_err(|e| self.db(e))?;
+            let last_token = self.table.last_token(name.as_str()).await?;
+            let mut holders = Vec::new();
+            let mut waiters = 0;
+            for r in rows {
+                if !r.try_get::<bool, _>("granted").map_err(|e| self.db(e))? {
+                    waiters += 1;
+                    continue;
+                }
+                let lmode: String = r.try_get("lmode").map_err(|e| self.db(e))?;
+                holders.push(HolderInfo {
+                    owner: r.try_get("owner").map_err(|e| self.db(e))?,
+                    mode: if lmode == "ShareLock" {
+                        Mode::Shared
+                    } else {
+                        Mode::Exclusive
+                    },
+                    // A session lock records no token: the last one issued.
+                    token: last_token,
+                    // and has no lease on the server while its session lives.
+                    lease_left: Duration::MAX,
+                });
+            }
+            Ok(LockStatus {
+                holders,
+                waiters,
+                last_token,
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let (hi, lo) = halves(key(name.as_str()));
+            let row = sqlx::query(TERMINATE)
+                .bind(hi)
+                .bind(lo)
+                .fetch_one(self.table.pool())
+                .await
+                .map_err(|e| self.db(e))?;
+            self.table.notify(name.as_str()).await;
+            Ok(row.try_get::<i64, _>("n").map_err(|e| self.db(e))? as usize)
+        })
+    }
+
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+        self.table.register_read(name)
+    }
+
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.table.register_write(name, fence, value)
+    }
+
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
+        self.table.register_decrement(name, by)
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let ids: Vec<String> = lock(&self.holds).keys().cloned().collect();
+            for id in ids {
+                self.end(&id).await;
+            }
+            self.table.close().await;
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_stable() {
+        // FNV-1a 64 of "orders:1001": a change here breaks every deployed lock.
+        assert_eq!(key("orders:1001"), key("orders:1001"));
+        assert_ne!(key("a"), key("b"));
+        assert_eq!(key(""), 0xcbf2_9ce4_8422_2325_u64 as i64);
+        let (hi, lo) = halves(-1);
+        assert_eq!((hi, lo), (0xffff_ffff, 0xffff_ffff));
+    }
+}
