@@ -65,17 +65,10 @@ async fn holds_survive_killed_connections_and_a_restart() {
     }
     server.restart();
     tokio::time::sleep(t.ms(1000)).await;
-    let other = tokio::time::timeout(t.eventually(), async {
-        loop {
-            match b.mutex(&name).unwrap().try_acquire().await {
-                Ok(v) => return v,
-                Err(e) if e.kind() == ErrorKind::Unavailable => tokio::time::sleep(t.ms(100)).await,
-                Err(e) => panic!("{e}"),
-            }
-        }
-    })
-    .await
-    .expect("the restarted server answers");
+    let lock_b = b.mutex(&name).unwrap();
+    let other = t
+        .until_available("the restarted server answers", || lock_b.try_acquire())
+        .await;
     assert!(
         other.is_none(),
         "the hold is in the table and survives a restart"

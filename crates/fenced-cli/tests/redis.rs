@@ -312,19 +312,9 @@ async fn sentinel_failover_what_is_kept_and_what_is_lost() {
     .await;
     let lock_b = b.mutex(&kept).unwrap();
     // Clients reconnect to the new master on their own; the lock is there.
-    let seen = tokio::time::timeout(t.eventually(), async {
-        loop {
-            match lock_b.try_acquire().await {
-                Ok(v) => return v,
-                Err(e) if e.kind() == ErrorKind::Unavailable => {
-                    tokio::time::sleep(t.ms(100)).await;
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-    })
-    .await
-    .expect("the new master answers");
+    let seen = t
+        .until_available("the new master answers", || lock_b.try_acquire())
+        .await;
     assert!(
         seen.is_none(),
         "the replicated grant survives a planned failover"
@@ -385,19 +375,10 @@ async fn sentinel_failover_what_is_kept_and_what_is_lost() {
         group.master_port().is_some_and(|p| p != master)
     })
     .await;
-    let taken = tokio::time::timeout(t.eventually(), async {
-        loop {
-            match b.mutex(&lost).unwrap().try_acquire().await {
-                Ok(v) => return v,
-                Err(e) if e.kind() == ErrorKind::Unavailable => {
-                    tokio::time::sleep(t.ms(100)).await;
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-    })
-    .await
-    .expect("the promoted replica answers");
+    let lock_lost = b.mutex(&lost).unwrap();
+    let taken = t
+        .until_available("the promoted replica answers", || lock_lost.try_acquire())
+        .await;
     // The documented loss: the promoted replica never saw the grant.
     let taken = taken.expect("the grant died with the old master");
     assert!(

@@ -47,4 +47,26 @@ impl Timing {
             tokio::time::sleep(self.ms(10)).await;
         }
     }
+
+    /// Runs `op` until it returns something other than an `Unavailable`
+    /// error (a server restarting, a failover under way), pausing 100 ms
+    /// (scaled) between tries; panics on another error or after
+    /// [`eventually`](Timing::eventually).
+    pub async fn until_available<T, F, Fut>(&self, what: &str, mut op: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = fenced::Result<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.eventually();
+        loop {
+            match op().await {
+                Ok(v) => return v,
+                Err(e) if e.kind() == fenced::ErrorKind::Unavailable => {
+                    assert!(tokio::time::Instant::now() < deadline, "{what}: {e}");
+                    tokio::time::sleep(self.ms(100)).await;
+                }
+                Err(e) => panic!("{what}: {e}"),
+            }
+        }
+    }
 }

@@ -154,6 +154,20 @@ impl Drop for Server {
     }
 }
 
+/// Calls `launch` until it succeeds (a stopped server's port may linger
+/// for a moment), up to 5 s; panics with the last error naming `what`.
+pub(crate) fn relaunch(what: &str, mut launch: impl FnMut() -> Result<(), String>) {
+    let mut last = String::new();
+    for _ in 0..50 {
+        match launch() {
+            Ok(()) => return,
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{what} would not restart: {last}");
+}
+
 #[allow(unsafe_code)]
 fn die_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;

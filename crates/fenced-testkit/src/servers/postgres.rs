@@ -205,14 +205,7 @@ impl PgServer {
     /// Starts the server again on the same port and data.
     pub fn restart(&mut self) {
         self.server.take();
-        let mut last = String::new();
-        for _ in 0..50 {
-            match self.launch() {
-                Ok(()) => return,
-                Err(e) => last = e,
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("PostgreSQL would not restart on port {}: {last}", self.port);
+        let what = format!("PostgreSQL on port {}", self.port);
+        super::relaunch(&what, || self.launch());
     }
 }

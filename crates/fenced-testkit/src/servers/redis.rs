@@ -115,19 +115,8 @@ impl RedisServer {
     /// Starts the server again on the same port and data dir.
     pub fn restart(&mut self) {
         self.server.take();
-        let mut last = String::new();
-        for _ in 0..50 {
-            match self.launch() {
-                Ok(()) => return,
-                // The old socket may linger for a moment.
-                Err(e) => last = e,
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!(
-            "redis-server would not restart on port {}: {last}",
-            self.port
-        );
+        let what = format!("redis-server on port {}", self.port);
+        super::relaunch(&what, || self.launch());
     }
 }
 

@@ -31,6 +31,16 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// A fenced register's value and the highest fence it has seen.
 pub(crate) type RegisterValue = Option<(Vec<u8>, u64)>;
 
+/// A fence as SQL's signed 64-bit integer.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn fence_i64(f: u64) -> crate::error::Result<i64> {
+    i64::try_from(f).map_err(|_| {
+        crate::error::Error::invalid(format!(
+            "fencing token {f} is beyond what this backend issues"
+        ))
+    })
+}
+
 /// How a hold shares its lock with others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {

@@ -572,11 +572,7 @@ impl Backend for SqliteBackend {
         Box::pin(async move {
             let r = match fence {
                 Some(f) => {
-                    let f = i64::try_from(f).map_err(|_| {
-                        Error::invalid(format!(
-                            "fencing token {f} is beyond what this backend issues"
-                        ))
-                    })?;
+                    let f = super::fence_i64(f)?;
                     q(REGISTER_FENCED)
                         .bind(name.as_str())
                         .bind(value)
