@@ -50,3 +50,9 @@ fenced_testkit::conformance_suite!(
     processes,
     no_fair_no_permits
 );
+
+fenced_testkit::conformance_suite!(
+    mariadb,
+    fenced_testkit::Fixture::mariadb(env!("CARGO_BIN_EXE_fenced")),
+    processes
+);

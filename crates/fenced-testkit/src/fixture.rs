@@ -90,6 +90,12 @@ impl Fixture {
         )
     }
 
+    /// A fresh MariaDB server.
+    pub fn mariadb(fenced_bin: impl Into<PathBuf>) -> Self {
+        let s = crate::servers::mariadb::MariaDb::start();
+        Fixture::new(s.url(), Some(fenced_bin.into()), vec![Box::new(s)])
+    }
+
     /// Any URL, keeping `keep` alive as long as the fixture.
     pub fn new(
         url: String,

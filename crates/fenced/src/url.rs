@@ -46,6 +46,8 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
             }
             crate::backend::redis::RedisBackend::open(url).await
         }
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => crate::backend::mysql::MySqlBackend::open(url).await,
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => crate::backend::postgres::PgBackend::open(url).await,
         #[cfg(feature = "redis")]
@@ -68,6 +70,11 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
                     ["postgres", "postgresql"]
                         .into_iter()
                         .filter(|_| cfg!(feature = "postgres")),
+                )
+                .chain(
+                    ["mysql", "mariadb"]
+                        .into_iter()
+                        .filter(|_| cfg!(feature = "mysql")),
                 )
                 .collect();
             match PLANNED

@@ -17,6 +17,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub(crate) mod memory;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod pg_advisory;
 #[cfg(feature = "postgres")]
@@ -32,7 +34,10 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub(crate) type RegisterValue = Option<(Vec<u8>, u64)>;
 
 /// A fence as SQL's signed 64-bit integer.
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn fence_i64(f: u64) -> crate::error::Result<i64> {
     i64::try_from(f).map_err(|_| {
         crate::error::Error::invalid(format!(

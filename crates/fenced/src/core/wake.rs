@@ -46,7 +46,7 @@ impl Wakeups {
     }
 
     /// Tells every waiter to look again (after a lost notification channel).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn bump_all(&self) {
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         for e in names.values() {

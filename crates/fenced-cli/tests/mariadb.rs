@@ -1,0 +1,102 @@
+//! MariaDB beyond the conformance suite: killed connections, names that
+//! look like SQL, bad URLs.
+
+use fenced::{Client, ErrorKind};
+use fenced_testkit::servers::mariadb::MariaDb;
+use fenced_testkit::{Timing, unique};
+
+/// A lease-table hold belongs to no connection: killing the holder's
+/// connections (doorbell included) keeps it, renewals go on over new ones,
+/// and nobody else gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_survive_killed_connections() {
+    let t = Timing::default();
+    let server = MariaDb::start();
+    let (a, b) = (
+        Client::connect(&server.url()).await.unwrap(),
+        Client::connect(&server.url()).await.unwrap(),
+    );
+    let name = unique("mdbkill");
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .lease(t.ms(3000))
+        .acquire()
+        .await
+        .unwrap();
+    let ids = server.sql(
+        "SELECT GROUP_CONCAT(id) FROM information_schema.processlist \
+         WHERE user = 'root' AND id <> CONNECTION_ID()",
+    );
+    for id in ids.split(',').filter(|s| !s.is_empty()) {
+        let _ = std::process::Command::new("mariadb")
+            .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root", "-e"])
+            .arg(format!("KILL {id}"))
+            .arg(format!("-P{}", server.port))
+            .output();
+    }
+    for _ in 0..4 {
+        tokio::time::sleep(t.ms(1000)).await;
+        assert!(g.is_held(), "renewals reconnect");
+        let lock = b.mutex(&name).unwrap();
+        let other = t
+            .until_available("MariaDB answers", || lock.try_acquire())
+            .await;
+        assert!(other.is_none(), "two holders");
+    }
+    assert!(g.release().await.unwrap());
+}
+
+/// Names are data, compared byte for byte: SQL in a name changes nothing
+/// but that lock, and names differing only in case or trailing spaces are
+/// different locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_are_exact_data() {
+    let server = MariaDb::start();
+    let c = Client::connect(&server.url()).await.unwrap();
+    for name in [
+        "x'); DROP TABLE fenced_holds; --",
+        "a\" OR 1=1 --",
+        "\\' ; `",
+        "naïve ключ 🔒",
+    ] {
+        let g = c.mutex(name).unwrap().try_acquire().await.unwrap().unwrap();
+        let r = c.register(name).unwrap();
+        r.write(&g, name).await.unwrap();
+        assert_eq!(r.read().await.unwrap().unwrap().0, name.as_bytes());
+        assert!(g.release().await.unwrap(), "{name}");
+    }
+    let upper = c
+        .mutex("Case")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let lower = c.mutex("case").unwrap().try_acquire().await.unwrap();
+    let spaced = c.mutex("Case ").unwrap().try_acquire().await.unwrap();
+    assert!(
+        lower.is_some() && spaced.is_some(),
+        "distinct names are distinct locks"
+    );
+    drop(upper);
+    assert_eq!(server.sql("SELECT count(*) FROM fenced_registers"), "4");
+}
+
+/// Bad URLs get clear errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls() {
+    let server = MariaDb::start();
+    let e = Client::connect(&format!("mysql://root@127.0.0.1:{}/nope", server.port))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    let e = Client::connect(&format!("{}?pool=0", server.url()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    let e = Client::connect(&format!("{}?mode=getlock", server.url()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+}
