@@ -176,6 +176,17 @@ impl MySqlBackend {
         let pool = MySqlPoolOptions::new()
             .max_connections(pool_size)
             .acquire_timeout(Duration::from_secs(10))
+            // Once per connection rather than a round trip per grant: every
+            // transaction of ours runs READ COMMITTED, whatever the server's
+            // default.
+            .after_connect(|c, _| {
+                Box::pin(async move {
+                    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .execute(c)
+                        .await
+                        .map(drop)
+                })
+            })
             .connect_with(opts.clone())
             .await
             .map_err(|e| db(&label, e))?;
@@ -239,9 +250,6 @@ impl MySqlBackend {
     async fn attempt_tx(&self, req: &Attempt) -> std::result::Result<(Outcome, bool), sqlx::Error> {
         let name = req.name.as_str();
         let mut conn = self.pool.acquire().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            .execute(&mut *conn)
-            .await?;
         let mut tx = conn.begin().await?;
         let c: &mut MySqlConnection = &mut tx;
         sqlx::query(LOCK_NAME).bind(name).execute(&mut *c).await?;
