@@ -56,3 +56,10 @@ fenced_testkit::conformance_suite!(
     fenced_testkit::Fixture::mariadb(env!("CARGO_BIN_EXE_fenced")),
     processes
 );
+
+fenced_testkit::conformance_suite!(
+    mariadb_advisory,
+    fenced_testkit::Fixture::mariadb_with(env!("CARGO_BIN_EXE_fenced"), "?mode=advisory"),
+    processes,
+    mutex_only_no_fair
+);

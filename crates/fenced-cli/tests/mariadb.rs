@@ -100,3 +100,55 @@ async fn bad_urls() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
 }
+
+/// `mode=advisory` is `GET_LOCK` on the lock's own name: a plain MariaDB
+/// session holding `GET_LOCK(name)` keeps fenced out until it lets go (the
+/// server, not a poll, wakes the waiter), fenced's hold keeps the plain
+/// session out, and killing the holder's session fires its lost signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_is_get_lock_and_signals_a_killed_session() {
+    let t = Timing::default();
+    let server = MariaDb::start();
+    let url = format!("{}?mode=advisory", server.url());
+    let c = Client::connect(&url).await.unwrap();
+    let name = unique("mdbadv");
+    let plain = std::process::Command::new("mariadb")
+        .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root", "-N", "-e"])
+        .arg(format!("SELECT GET_LOCK('{name}', 0); SELECT SLEEP(2)"))
+        .arg(format!("-P{}", server.port))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    t.wait_until("the plain session holds the lock", || async {
+        !c.status(&name).await.unwrap().is_free()
+    })
+    .await;
+    let lock = c.mutex(&name).unwrap();
+    assert!(lock.try_acquire().await.unwrap().is_none(), "two holders");
+    let g = lock
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("the plain session's lock ends with it");
+    let out = plain.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().next(),
+        Some("1"),
+        "the plain session had the lock first"
+    );
+    let grab = format!("SELECT GET_LOCK('{name}', 0)");
+    assert_eq!(server.sql(&grab), "0", "a plain session got a held lock");
+    assert!(g.release().await.unwrap());
+    assert_eq!(server.sql(&grab), "1");
+
+    let g = lock.clone().lease(t.ms(3000)).acquire().await.unwrap();
+    let id = server.sql(&format!("SELECT IS_USED_LOCK('{name}')"));
+    server.sql(&format!("KILL {id}"));
+    let reason = tokio::time::timeout(t.eventually(), g.lost())
+        .await
+        .expect("lost() must fire");
+    assert_eq!(reason, fenced::LostReason::Taken);
+    let next = lock.try_acquire().await.unwrap().expect("the lock is free");
+    assert!(next.fencing_token() > g.fencing_token());
+    assert!(next.release().await.unwrap());
+}

@@ -92,8 +92,17 @@ impl Fixture {
 
     /// A fresh MariaDB server.
     pub fn mariadb(fenced_bin: impl Into<PathBuf>) -> Self {
+        Self::mariadb_with(fenced_bin, "")
+    }
+
+    /// A fresh MariaDB server, with URL options (`?mode=advisory`).
+    pub fn mariadb_with(fenced_bin: impl Into<PathBuf>, query: &str) -> Self {
         let s = crate::servers::mariadb::MariaDb::start();
-        Fixture::new(s.url(), Some(fenced_bin.into()), vec![Box::new(s)])
+        Fixture::new(
+            format!("{}{query}", s.url()),
+            Some(fenced_bin.into()),
+            vec![Box::new(s)],
+        )
     }
 
     /// Any URL, keeping `keep` alive as long as the fixture.

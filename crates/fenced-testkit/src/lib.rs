@@ -62,6 +62,20 @@ macro_rules! conformance_suite {
             processes_exclude_each_other, killed_holder_process_frees_lock
         ]);
     };
+    // Mutexes only and no fair mode (MySQL `GET_LOCK`: no shared mode, no
+    // permits, and no FIFO promise).
+    ($backend:ident, $fixture:expr, processes, mutex_only_no_fair) => {
+        $crate::conformance_suite!(@tests $backend, $fixture, [
+            mutual_exclusion_tasks, owner_only_release, reentrancy_counts,
+            lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
+            fencing_tokens_increase_mutex, lost_signal_when_taken, lost_signal_when_lease_ends,
+            try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
+            fair_mode_is_refused, shared_modes_are_refused,
+            fenced_register_rejects_stale_tokens, multilock_is_all_or_nothing,
+            striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over,
+            processes_exclude_each_other, killed_holder_process_frees_lock
+        ]);
+    };
     (@core $backend:ident, $fixture:expr, [$($extra:ident),*]) => {
         $crate::conformance_suite!(@tests $backend, $fixture, [
             mutual_exclusion_tasks, owner_only_release, reentrancy_counts,

@@ -19,6 +19,8 @@ use std::time::Duration;
 pub(crate) mod memory;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql_advisory;
 #[cfg(feature = "postgres")]
 pub(crate) mod pg_advisory;
 #[cfg(feature = "postgres")]
@@ -29,6 +31,65 @@ pub(crate) mod redis;
 pub(crate) mod sqlite;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Locks a std mutex, carrying on past a panic elsewhere (the data it
+/// guards stays consistent between statements).
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Returns when the deadline in `rx` has passed: renewals move it forward,
+/// and a sender set to now (or dropped) ends the wait at once. The lease
+/// of a session-held lock, which the server does not time out itself.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) async fn lease_runs_out(mut rx: tokio::sync::watch::Receiver<tokio::time::Instant>) {
+    loop {
+        let until = *rx.borrow_and_update();
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => {
+                if *rx.borrow() <= tokio::time::Instant::now() {
+                    return;
+                }
+            }
+            changed = rx.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Database sessions that hold no lock, kept for the next session-held
+/// lock instead of a new connection each time.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct IdleSessions<T>(std::sync::Mutex<Vec<T>>);
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<T> IdleSessions<T> {
+    /// How many are kept; more are closed.
+    const MAX: usize = 8;
+
+    pub(crate) fn new() -> Self {
+        IdleSessions(std::sync::Mutex::new(Vec::new()))
+    }
+
+    pub(crate) fn take(&self) -> Option<T> {
+        lock(&self.0).pop()
+    }
+
+    /// Keeps `s` if there is room; otherwise it is dropped, which closes it.
+    pub(crate) fn put(&self, s: T) {
+        let mut idle = lock(&self.0);
+        if idle.len() < Self::MAX {
+            idle.push(s);
+        }
+    }
+
+    pub(crate) fn clear(&self) {
+        lock(&self.0).clear();
+    }
+}
 
 /// A fenced register's value and the highest fence it has seen.
 pub(crate) type RegisterValue = Option<(Vec<u8>, u64)>;

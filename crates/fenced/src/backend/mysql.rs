@@ -110,6 +110,11 @@ const STATUS_REST: &str = "SELECT
     CAST((SELECT count(*) FROM fenced_waiters WHERE name = ?
           AND expires_ms > CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)) AS SIGNED) AS waiters,
     CAST(COALESCE((SELECT token FROM fenced_locks WHERE name = ?), 0) AS SIGNED) AS token";
+const NEXT_TOKEN: &str = "INSERT INTO fenced_locks (name, token)
+    VALUES (?, LAST_INSERT_ID(CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)))
+    ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(GREATEST(token + 1, VALUES(token)))";
+const LAST_TOKEN: &str =
+    "SELECT CAST(COALESCE((SELECT token FROM fenced_locks WHERE name = ?), 0) AS SIGNED) AS token";
 const FORCE: &str = "DELETE FROM fenced_holds WHERE name = ?";
 const REGISTER_READ: &str = "SELECT value, fence FROM fenced_registers WHERE name = ?";
 const REGISTER_LOCK: &str = "SELECT value, fence FROM fenced_registers WHERE name = ? FOR UPDATE";
@@ -122,12 +127,15 @@ pub(crate) struct MySqlBackend {
     wakeups: Arc<Wakeups>,
     /// The connection id of this client's doorbell.
     bell: Arc<AtomicI64>,
-    doorbell: tokio::task::JoinHandle<()>,
+    /// None in advisory mode, whose waiters the server itself wakes.
+    doorbell: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for MySqlBackend {
     fn drop(&mut self) {
-        self.doorbell.abort();
+        if let Some(d) = &self.doorbell {
+            d.abort();
+        }
     }
 }
 
@@ -144,6 +152,7 @@ impl MySqlBackend {
             let _ = parsed.set_scheme("mysql");
         }
         let mut pool_size: u32 = 8;
+        let mut advisory = false;
         let mut kept = Vec::new();
         for (k, v) in parsed.query_pairs() {
             match k.as_ref() {
@@ -159,10 +168,16 @@ impl MySqlBackend {
                         })?;
                 }
                 "mode" => {
-                    return Err(Error::invalid(format!(
-                        "mode={v:?} in {label:?}: only the lease-table mode is in this release \
-                         for MySQL (GET_LOCK mode is planned)"
-                    )));
+                    advisory = match v.as_ref() {
+                        "advisory" => true,
+                        "lease" => false,
+                        _ => {
+                            return Err(Error::invalid(format!(
+                                "mode={v:?} in {label:?}: `lease` (the default, a lease \
+                                 table) or `advisory` (GET_LOCK session locks)"
+                            )));
+                        }
+                    };
                 }
                 _ => kept.push((k.into_owned(), v.into_owned())),
             }
@@ -173,6 +188,21 @@ impl MySqlBackend {
         }
         let opts = MySqlConnectOptions::from_str(parsed.as_str())
             .map_err(|e| Error::invalid(format!("bad MySQL URL {label:?}: {e}")).with_source(e))?;
+        let table = Self::connect(label, opts.clone(), pool_size, !advisory).await?;
+        if advisory {
+            return super::mysql_advisory::MySqlAdvisory::open(Arc::new(table), opts).await;
+        }
+        Ok(Arc::new(table))
+    }
+
+    /// The lease table's pool (with the schema in place), and the doorbell
+    /// if `doorbell`.
+    async fn connect(
+        label: String,
+        opts: MySqlConnectOptions,
+        pool_size: u32,
+        doorbell: bool,
+    ) -> Result<MySqlBackend> {
         let pool = MySqlPoolOptions::new()
             .max_connections(pool_size)
             .acquire_timeout(Duration::from_secs(10))
@@ -210,25 +240,67 @@ impl MySqlBackend {
                 .map_err(|e| db(&label, e))?;
         }
         let wakeups = Arc::new(Wakeups::default());
-        // The doorbell sleeps by design: no slow-statement warnings for it.
-        let bell_opts = sqlx::ConnectOptions::disable_statement_logging(opts.clone());
-        let mut first = MySqlConnection::connect_with(&bell_opts)
-            .await
-            .map_err(|e| db(&label, e))?;
-        let id = connection_id(&mut first).await.map_err(|e| db(&label, e))?;
-        let bell = Arc::new(AtomicI64::new(id));
-        let doorbell = tokio::spawn(doorbell(first, bell_opts, bell.clone(), wakeups.clone()));
-        Ok(Arc::new(MySqlBackend {
+        let bell = Arc::new(AtomicI64::new(0));
+        let doorbell = if doorbell {
+            // The doorbell sleeps by design: no slow-statement warnings for it.
+            let bell_opts = sqlx::ConnectOptions::disable_statement_logging(opts);
+            let mut first = MySqlConnection::connect_with(&bell_opts)
+                .await
+                .map_err(|e| db(&label, e))?;
+            let id = connection_id(&mut first).await.map_err(|e| db(&label, e))?;
+            bell.store(id, Ordering::Release);
+            Some(tokio::spawn(ring_loop(
+                first,
+                bell_opts,
+                bell.clone(),
+                wakeups.clone(),
+            )))
+        } else {
+            None
+        };
+        Ok(MySqlBackend {
             pool,
             label,
             wakeups,
             bell,
             doorbell,
-        }))
+        })
     }
 
-    fn db(&self, e: sqlx::Error) -> Error {
+    pub(crate) fn db(&self, e: sqlx::Error) -> Error {
         db(&self.label, e)
+    }
+
+    /// The server's name in messages (password redacted).
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The shared pool, for statements that need no session of their own.
+    pub(crate) fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// Raises and returns the fencing token of `name` (advisory mode): one
+    /// statement, never below the database clock in µs, read back through
+    /// `LAST_INSERT_ID(expr)` in the reply.
+    pub(crate) async fn next_token(&self, name: &str) -> Result<u64> {
+        let r = sqlx::query(NEXT_TOKEN)
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.db(e))?;
+        Ok(r.last_insert_id())
+    }
+
+    /// The last token of `name`, 0 if none.
+    pub(crate) async fn last_token(&self, name: &str) -> Result<u64> {
+        let row = sqlx::query(LAST_TOKEN)
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.db(e))?;
+        Ok(row.try_get::<i64, _>("token").map_err(|e| self.db(e))? as u64)
     }
 
     async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
@@ -400,7 +472,7 @@ impl MySqlBackend {
 
 /// The doorbell: sleeps on the server until a `KILL QUERY` ends the sleep,
 /// then wakes every waiter of this client. Reconnects if it must.
-async fn doorbell(
+async fn ring_loop(
     mut conn: MySqlConnection,
     opts: MySqlConnectOptions,
     bell: Arc<AtomicI64>,
@@ -759,7 +831,9 @@ impl Backend for MySqlBackend {
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            self.doorbell.abort();
+            if let Some(d) = &self.doorbell {
+                d.abort();
+            }
             self.pool.close().await;
         })
     }

@@ -27,8 +27,8 @@
 
 use super::postgres::PgBackend;
 use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Ticket,
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, IdleSessions, LockStatus, Mode,
+    Outcome, RegisterValue, Ticket, lease_runs_out, lock,
 };
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
@@ -88,6 +88,7 @@ pub(crate) struct PgAdvisory {
     table: Arc<PgBackend>,
     opts: PgConnectOptions,
     holds: Holds,
+    idle: Arc<IdleSessions<PgConnection>>,
 }
 
 impl PgAdvisory {
@@ -99,6 +100,7 @@ impl PgAdvisory {
             table,
             opts,
             holds: Default::default(),
+            idle: Arc::new(IdleSessions::new()),
         };
         me.check_session_pinning().await?;
         Ok(Arc::new(me))
@@ -109,6 +111,9 @@ impl PgAdvisory {
     }
 
     async fn session(&self) -> Result<PgConnection> {
+        if let Some(c) = self.idle.take() {
+            return Ok(c);
+        }
         PgConnection::connect_with(&self.opts)
             .await
             .map_err(|e| self.db(e))
@@ -185,7 +190,13 @@ impl PgAdvisory {
                 Ok(true) => {}
                 other => {
                     if fresh && let Some(c) = guard.take() {
-                        let _ = c.close().await;
+                        match other {
+                            // It holds nothing: keep it for the next try.
+                            Ok(false) => self.idle.put(c),
+                            _ => {
+                                let _ = c.close().await;
+                            }
+                        }
                     }
                     other?;
                     return Ok(Outcome::Busy(Blocked {
@@ -218,6 +229,7 @@ impl PgAdvisory {
         });
         lock(&self.holds).insert(req.hold_id.clone(), hold.clone());
         tokio::spawn(expire(
+            self.idle.clone(),
             hold,
             req.hold_id.clone(),
             self.holds.clone(),
@@ -233,19 +245,16 @@ impl PgAdvisory {
         };
         // Let its expiry task end now, dropping its share of the session.
         hold.deadline.send_replace(Instant::now());
-        let was = unlock(&hold).await;
+        let was = unlock(&hold, &self.idle).await;
         self.table.notify(hold.name.as_str()).await;
         was
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Unlocks the hold, and closes its session unless another hold of the
-/// owner uses it; whether the lock was still held.
-async fn unlock(hold: &SessionHold) -> bool {
+/// Unlocks the hold, and gives its session back (to the idle stack when
+/// the unlock was confirmed, else closed) unless another hold of the owner
+/// uses it; whether the lock was still held.
+async fn unlock(hold: &SessionHold, idle: &IdleSessions<PgConnection>) -> bool {
     let mut guard = hold.conn.lock().await;
     let Some(c) = guard.as_mut() else {
         return false;
@@ -260,28 +269,27 @@ async fn unlock(hold: &SessionHold) -> bool {
     if Arc::strong_count(&hold.conn) == 1
         && let Some(c) = guard.take()
     {
-        // Closing the session frees the lock even if the unlock failed.
-        let _ = c.close().await;
+        if was {
+            idle.put(c);
+        } else {
+            // Closing the session frees the lock even if the unlock failed.
+            let _ = c.close().await;
+        }
     }
     was
 }
 
 /// Ends a hold whose lease ran out without a renewal.
-async fn expire(hold: Arc<SessionHold>, hold_id: String, holds: Holds, table: Arc<PgBackend>) {
-    let mut rx = hold.deadline.subscribe();
-    loop {
-        let until = *rx.borrow_and_update();
-        tokio::select! {
-            _ = tokio::time::sleep_until(until) => {
-                if *rx.borrow() <= Instant::now() {
-                    break;
-                }
-            }
-            changed = rx.changed() => if changed.is_err() { break },
-        }
-    }
+async fn expire(
+    idle: Arc<IdleSessions<PgConnection>>,
+    hold: Arc<SessionHold>,
+    hold_id: String,
+    holds: Holds,
+    table: Arc<PgBackend>,
+) {
+    lease_runs_out(hold.deadline.subscribe()).await;
     if lock(&holds).remove(&hold_id).is_some() {
-        unlock(&hold).await;
+        unlock(&hold, &idle).await;
         table.notify(hold.name.as_str()).await;
     }
 }
@@ -420,6 +428,7 @@ impl Backend for PgAdvisory {
             for id in ids {
                 self.end(&id).await;
             }
+            self.idle.clear();
             self.table.close().await;
         })
     }

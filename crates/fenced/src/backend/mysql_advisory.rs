@@ -1,0 +1,551 @@
+//! `mysql://…?mode=advisory`: MySQL/MariaDB `GET_LOCK` session locks.
+//!
+//! For users who want a lock tied to a database session, or who share
+//! locks with code that calls `GET_LOCK` itself: each hold owns one
+//! session and holds `GET_LOCK(<key>)` in it. If the holder's process
+//! dies or its session is killed (`KILL`), the server frees the lock at
+//! once; the watchdog's renewal asks the server whether the session still
+//! holds the lock and fires the lost signal when it does not.
+//!
+//! **Leases** still hold: a hold whose lease ends without a renewal gives
+//! the lock back, so the lease contract is the same in both modes.
+//!
+//! **Keys**: the `GET_LOCK` name is the lock name itself when it has at
+//! most 64 characters (MySQL's limit), so `GET_LOCK('orders:1001', …)` in
+//! other code is the same lock as fenced's `orders:1001`. A longer name
+//! becomes its first 47 characters, `#`, and the 16 hex digits of the
+//! 64-bit FNV-1a hash of its UTF-8 bytes. MariaDB compares these names
+//! byte for byte; MySQL 8 folds case, so there `A` and `a` are one lock.
+//!
+//! **Waiting without polling**: a blocked acquirer hands its session to a
+//! *prober* task that waits inside the server in `GET_LOCK(<key>, 3600)`.
+//! When the server grants it, the prober wakes the acquirer, which adopts
+//! the session and its lock. A waiter that gives up has its prober's
+//! session killed, which ends the server-side wait and frees whatever it
+//! won. The server wakes its waiters itself, whoever releases.
+//!
+//! **Tokens** come from the lease table's `fenced_locks` row of the name,
+//! raised after each grant; registers are the same table too. `GET_LOCK`
+//! has no shared mode and counts no permits, so this mode has mutexes
+//! only, and no fair mode (the server does not promise FIFO).
+//!
+//! Sessions are reused: a session whose `RELEASE_LOCK` confirmed the
+//! release goes back to a small idle stack instead of being closed.
+
+use super::mysql::MySqlBackend;
+use super::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, IdleSessions, LockStatus, Mode,
+    Outcome, RegisterValue, Ticket, lease_runs_out, lock,
+};
+use crate::core::acquire::QUEUE_TTL;
+use crate::core::wake::Wakeups;
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use sqlx::mysql::MySqlConnectOptions;
+use sqlx::{Connection, MySqlConnection, Row};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::Hasher;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+const TRY_LOCK: &str = "SELECT CAST(GET_LOCK(?, 0) AS SIGNED) AS got";
+const WAIT_LOCK: &str = "SELECT CAST(GET_LOCK(?, 3600) AS SIGNED) AS got";
+const UNLOCK: &str = "SELECT CAST(RELEASE_LOCK(?) AS SIGNED) AS was";
+const STILL_MINE: &str =
+    "SELECT CAST(COALESCE(IS_USED_LOCK(?) = CONNECTION_ID(), 0) AS SIGNED) AS mine";
+const HOLDER: &str = "SELECT CAST(IS_USED_LOCK(?) AS SIGNED) AS id";
+
+/// The `GET_LOCK` name of a lock name (see the module docs).
+pub(crate) fn key(name: &str) -> String {
+    if name.chars().count() <= 64 {
+        return name.to_owned();
+    }
+    let mut h = crate::striped::Fnv1a::default();
+    h.write(name.as_bytes());
+    let mut k: String = name.chars().take(47).collect();
+    let _ = write!(k, "#{:016x}", h.finish());
+    k
+}
+
+/// A server session and its connection id.
+struct Session {
+    conn: MySqlConnection,
+    id: i64,
+}
+
+/// One hold: its session, and the deadline a renewal moves.
+struct SessionHold {
+    session: tokio::sync::Mutex<Option<Session>>,
+    key: String,
+    name: LockName,
+    owner: String,
+    deadline: watch::Sender<Instant>,
+}
+
+/// A waiter's session, waiting inside the server for the lock.
+struct Prober {
+    conn_id: i64,
+    key: String,
+    state: Mutex<Probe>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+enum Probe {
+    Waiting,
+    /// The server granted the lock to this session: the waiter adopts it.
+    Won(Session),
+    /// The session failed, or the waiter withdrew.
+    Over,
+}
+
+type Holds = Arc<Mutex<HashMap<String, Arc<SessionHold>>>>;
+
+pub(crate) struct MySqlAdvisory {
+    shared: Arc<Shared>,
+}
+
+/// What the hold and prober tasks need too.
+struct Shared {
+    table: Arc<MySqlBackend>,
+    opts: MySqlConnectOptions,
+    holds: Holds,
+    probers: Mutex<HashMap<Ticket, Arc<Prober>>>,
+    idle: IdleSessions<Session>,
+    next_ticket: AtomicI64,
+}
+
+impl MySqlAdvisory {
+    pub(crate) async fn open(
+        table: Arc<MySqlBackend>,
+        opts: MySqlConnectOptions,
+    ) -> Result<Arc<dyn Backend>> {
+        // Sessions wait in GET_LOCK by design: no slow-statement warnings.
+        let opts = sqlx::ConnectOptions::disable_statement_logging(opts);
+        let me = MySqlAdvisory {
+            shared: Arc::new(Shared {
+                table,
+                opts,
+                holds: Default::default(),
+                probers: Default::default(),
+                idle: IdleSessions::new(),
+                next_ticket: AtomicI64::new(1),
+            }),
+        };
+        // Fail at connect, not at the first lock, if sessions cannot open.
+        let s = me.shared.session().await?;
+        me.shared.idle.put(s);
+        Ok(Arc::new(me))
+    }
+}
+
+impl Shared {
+    fn db(&self, e: sqlx::Error) -> Error {
+        self.table.db(e)
+    }
+
+    /// An idle session, or a new one.
+    async fn session(&self) -> Result<Session> {
+        if let Some(s) = self.idle.take() {
+            return Ok(s);
+        }
+        let mut conn = MySqlConnection::connect_with(&self.opts)
+            .await
+            .map_err(|e| self.db(e))?;
+        let id = sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id")
+            .fetch_one(&mut conn)
+            .await
+            .and_then(|r| r.try_get::<i64, _>("id"))
+            .map_err(|e| self.db(e))?;
+        Ok(Session { conn, id })
+    }
+
+    /// Gives the lock back and keeps or closes the session; whether the
+    /// session still held the lock.
+    async fn unlock(&self, mut s: Session, key: &str) -> bool {
+        let was = sqlx::query(UNLOCK)
+            .bind(key)
+            .fetch_one(&mut s.conn)
+            .await
+            .and_then(|r| r.try_get::<Option<i64>, _>("was"));
+        match was {
+            Ok(Some(1)) => {
+                self.idle.put(s);
+                true
+            }
+            // Not ours any more, or the session failed: closing it frees
+            // whatever it may still hold.
+            _ => {
+                let _ = s.conn.close().await;
+                false
+            }
+        }
+    }
+
+    async fn attempt(self: &Arc<Self>, req: &Attempt) -> Result<Outcome> {
+        if req.mode != Mode::Exclusive {
+            return Err(Error::invalid(
+                "mode=advisory on MySQL has mutexes only (GET_LOCK has no shared mode and \
+                 counts no permits); use the default lease-table mode for read-write locks \
+                 and semaphores",
+            ));
+        }
+        let key = key(req.name.as_str());
+        if let Some(t) = req.ticket {
+            let prober = lock(&self.probers).get(&t).cloned();
+            if let Some(p) = prober {
+                let won = {
+                    let mut st = lock(&p.state);
+                    match &*st {
+                        Probe::Waiting => {
+                            return Ok(Outcome::Busy(Blocked {
+                                ticket: Some(t),
+                                retry_after: None,
+                            }));
+                        }
+                        Probe::Won(_) => match std::mem::replace(&mut *st, Probe::Over) {
+                            Probe::Won(s) => Some(s),
+                            _ => None,
+                        },
+                        Probe::Over => None,
+                    }
+                };
+                lock(&self.probers).remove(&t);
+                if let Some(s) = won {
+                    return self.granted(req, s, key).await;
+                }
+                // The prober failed: start over below.
+            }
+        }
+        let mut s = self.session().await?;
+        let got = sqlx::query(TRY_LOCK)
+            .bind(&key)
+            .fetch_one(&mut s.conn)
+            .await
+            .and_then(|r| r.try_get::<Option<i64>, _>("got"));
+        match got {
+            Ok(Some(1)) => self.granted(req, s, key).await,
+            Ok(Some(_)) if req.will_wait => Ok(Outcome::Busy(Blocked {
+                ticket: Some(self.probe(s, key, req.name.clone())),
+                retry_after: None,
+            })),
+            Ok(Some(_)) => {
+                self.idle.put(s);
+                Ok(Outcome::Busy(Blocked {
+                    ticket: None,
+                    retry_after: None,
+                }))
+            }
+            Ok(None) => {
+                let _ = s.conn.close().await;
+                Err(Error::protocol(format!(
+                    "{}: GET_LOCK({key:?}) answered NULL (an error in the server)",
+                    self.table.label()
+                )))
+            }
+            Err(e) => Err(self.db(e)),
+        }
+    }
+
+    /// Records a hold whose session holds the lock, with a fresh token.
+    async fn granted(self: &Arc<Self>, req: &Attempt, s: Session, key: String) -> Result<Outcome> {
+        let token = match self.table.next_token(req.name.as_str()).await {
+            Ok(t) => t,
+            Err(e) => {
+                self.unlock(s, &key).await;
+                return Err(e);
+            }
+        };
+        let hold = Arc::new(SessionHold {
+            session: tokio::sync::Mutex::new(Some(s)),
+            key,
+            name: req.name.clone(),
+            owner: req.owner_key.clone(),
+            deadline: watch::Sender::new(Instant::now() + req.lease),
+        });
+        lock(&self.holds).insert(req.hold_id.clone(), hold.clone());
+        let me = self.clone();
+        let id = req.hold_id.clone();
+        tokio::spawn(async move {
+            lease_runs_out(hold.deadline.subscribe()).await;
+            me.end(&id).await;
+        });
+        Ok(Outcome::Granted { token })
+    }
+
+    /// Hands a session to a prober that waits in the server; its ticket.
+    fn probe(self: &Arc<Self>, mut s: Session, key: String, name: LockName) -> Ticket {
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let p = Arc::new(Prober {
+            conn_id: s.id,
+            key: key.clone(),
+            state: Mutex::new(Probe::Waiting),
+            task: Mutex::new(None),
+        });
+        lock(&self.probers).insert(ticket, p.clone());
+        let me = self.clone();
+        let p2 = p.clone();
+        let task = tokio::spawn(async move {
+            let p = p2;
+            let won = loop {
+                let got = sqlx::query(WAIT_LOCK)
+                    .bind(&key)
+                    .fetch_one(&mut s.conn)
+                    .await
+                    .and_then(|r| r.try_get::<Option<i64>, _>("got"));
+                match got {
+                    Ok(Some(1)) => break true,
+                    // Waited an hour: wait again.
+                    Ok(Some(_)) => continue,
+                    _ => break false,
+                }
+            };
+            {
+                let mut st = lock(&p.state);
+                if won && matches!(*st, Probe::Waiting) {
+                    *st = Probe::Won(s);
+                } else {
+                    // Failed, or withdrawn meanwhile: dropping the session
+                    // closes it and frees what it holds.
+                    *st = Probe::Over;
+                }
+            }
+            me.table.wakeups().bump(name.as_str());
+            if !won {
+                return;
+            }
+            // A live waiter adopts the lock within moments; one that went
+            // away without withdrawing must not keep it.
+            tokio::time::sleep(QUEUE_TTL).await;
+            let left = match std::mem::replace(&mut *lock(&p.state), Probe::Over) {
+                Probe::Won(s) => Some(s),
+                _ => None,
+            };
+            if let Some(s) = left {
+                lock(&me.probers).remove(&ticket);
+                me.unlock(s, &key).await;
+                me.table.wakeups().bump(name.as_str());
+            }
+        });
+        *lock(&p.task) = Some(task);
+        ticket
+    }
+
+    /// Withdraws a waiter: ends its prober's server-side wait and frees the
+    /// lock if the prober had won it.
+    async fn withdraw(&self, ticket: Ticket) {
+        let Some(p) = lock(&self.probers).remove(&ticket) else {
+            return;
+        };
+        let was = std::mem::replace(&mut *lock(&p.state), Probe::Over);
+        match was {
+            Probe::Won(s) => {
+                self.unlock(s, &p.key).await;
+            }
+            Probe::Waiting => {
+                // KILL of one's own user's session needs no privilege; it
+                // ends the wait and closes the session server-side.
+                let kill = format!("KILL {}", p.conn_id);
+                let _ = sqlx::query(sqlx::AssertSqlSafe(kill))
+                    .execute(self.table.pool())
+                    .await;
+            }
+            Probe::Over => {}
+        }
+        if let Some(t) = lock(&p.task).take() {
+            t.abort();
+        }
+    }
+
+    /// Ends a hold: unlocks and recycles its session; whether it still held.
+    async fn end(&self, hold_id: &str) -> bool {
+        let Some(hold) = lock(&self.holds).remove(hold_id) else {
+            return false;
+        };
+        // Let its lease task end now.
+        hold.deadline.send_replace(Instant::now());
+        let Some(s) = hold.session.lock().await.take() else {
+            return false;
+        };
+        self.unlock(s, &hold.key).await
+    }
+}
+
+impl Backend for MySqlAdvisory {
+    fn scheme(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn supports_fair(&self) -> bool {
+        false
+    }
+
+    fn wakeups(&self) -> &Arc<Wakeups> {
+        self.shared.table.wakeups()
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(self.shared.attempt(req))
+    }
+
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+        Box::pin(async move {
+            let checks = refs.iter().map(|r| async move {
+                let Some(hold) = lock(&self.shared.holds).get(&r.hold_id).cloned() else {
+                    return false;
+                };
+                let mut s = hold.session.lock().await;
+                let Some(s) = s.as_mut() else {
+                    return false;
+                };
+                let mine = sqlx::query(STILL_MINE)
+                    .bind(&hold.key)
+                    .fetch_one(&mut s.conn)
+                    .await
+                    .and_then(|row| row.try_get::<i64, _>("mine"))
+                    .is_ok_and(|m| m == 1);
+                if mine {
+                    hold.deadline.send_replace(Instant::now() + r.lease);
+                }
+                mine
+            });
+            Ok(futures_util::future::join_all(checks).await)
+        })
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Ok(self.shared.end(&hold.hold_id).await) })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        _name: &'a LockName,
+        ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if let Some(t) = ticket {
+                self.shared.withdraw(t).await;
+            }
+            self.shared.end(hold_id).await;
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let sh = &self.shared;
+            let row = sqlx::query(HOLDER)
+                .bind(key(name.as_str()))
+                .fetch_one(sh.table.pool())
+                .await
+                .map_err(|e| sh.db(e))?;
+            let holder: Option<i64> = row.try_get("id").map_err(|e| sh.db(e))?;
+            let last_token = sh.table.last_token(name.as_str()).await?;
+            let mut holders = Vec::new();
+            if let Some(id) = holder {
+                // The owner is known for this client's holds; the server
+                // records none for other sessions.
+                let mut owner = format!("mysql session {id}");
+                for h in lock(&sh.holds).values() {
+                    if h.name == *name {
+                        owner = h.owner.clone();
+                    }
+                }
+                holders.push(HolderInfo {
+                    owner,
+                    mode: Mode::Exclusive,
+                    // A session lock records no token: the last one issued.
+                    token: last_token,
+                    // and has no lease on the server while its session lives.
+                    lease_left: Duration::MAX,
+                });
+            }
+            let waiters = lock(&sh.probers)
+                .values()
+                .filter(|p| matches!(*lock(&p.state), Probe::Waiting))
+                .count();
+            Ok(LockStatus {
+                holders,
+                waiters,
+                last_token,
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let sh = &self.shared;
+            let row = sqlx::query(HOLDER)
+                .bind(key(name.as_str()))
+                .fetch_one(sh.table.pool())
+                .await
+                .map_err(|e| sh.db(e))?;
+            let Some(id) = row.try_get::<Option<i64>, _>("id").map_err(|e| sh.db(e))? else {
+                return Ok(0);
+            };
+            sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                .execute(sh.table.pool())
+                .await
+                .map_err(|e| sh.db(e))?;
+            Ok(1)
+        })
+    }
+
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+        self.shared.table.register_read(name)
+    }
+
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.shared.table.register_write(name, fence, value)
+    }
+
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
+        self.shared.table.register_decrement(name, by)
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let sh = &self.shared;
+            let tickets: Vec<Ticket> = lock(&sh.probers).keys().copied().collect();
+            for t in tickets {
+                sh.withdraw(t).await;
+            }
+            let ids: Vec<String> = lock(&sh.holds).keys().cloned().collect();
+            for id in ids {
+                sh.end(&id).await;
+            }
+            sh.idle.clear();
+            sh.table.close().await;
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_keep_short_names_and_hash_long_ones() {
+        assert_eq!(key("orders:1001"), "orders:1001");
+        let exact: String = "é".repeat(64);
+        assert_eq!(key(&exact), exact);
+        let long = "x".repeat(65);
+        let k = key(&long);
+        assert_eq!(k.chars().count(), 64);
+        assert!(k.starts_with(&"x".repeat(47)) && k.as_bytes()[47] == b'#');
+        assert_ne!(key(&"x".repeat(66)), k);
+    }
+}
