@@ -607,6 +607,60 @@ pub async fn semaphore_never_exceeds_permits(fx: &Fixture) {
     drop(two);
 }
 
+/// Versioned compare-and-set: only the writer that read the current
+/// version gets in, and concurrent read-modify-write loops from several
+/// clients lose no update.
+pub async fn versioned_values_lose_no_update(fx: &Fixture) {
+    let name = unique("ver");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let va = a.versioned(&name).unwrap();
+    assert_eq!(va.read().await.unwrap(), None);
+    assert!(
+        !va.compare_and_set(3, "x").await.unwrap(),
+        "a version that never was"
+    );
+    assert!(va.compare_and_set(0, "0").await.unwrap());
+    assert!(
+        !b.versioned(&name)
+            .unwrap()
+            .compare_and_set(0, "y")
+            .await
+            .unwrap(),
+        "a second create"
+    );
+    let (tasks, each) = (4, 10);
+    let mut joins = Vec::new();
+    for i in 0..tasks {
+        let v = if i % 2 == 0 { &a } else { &b }.versioned(&name).unwrap();
+        joins.push(tokio::spawn(async move {
+            for _ in 0..each {
+                v.update(|old| {
+                    let n: i64 = std::str::from_utf8(old.expect("created"))
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    Ok((n + 1).to_string().into_bytes())
+                })
+                .await
+                .unwrap();
+            }
+        }));
+    }
+    for j in joins {
+        j.await.unwrap();
+    }
+    let end = b.versioned(&name).unwrap().read().await.unwrap().unwrap();
+    let n = (tasks * each) as u64;
+    assert_eq!(end.value, n.to_string().into_bytes(), "lost updates");
+    assert_eq!(end.version, n + 1);
+    assert!(!va.compare_and_set(n, "stale").await.unwrap());
+    assert!(va.compare_and_set(n + 1, "last").await.unwrap());
+    let bad = va
+        .update(|_| Err(fenced::Error::new(ErrorKind::InvalidInput, "no")))
+        .await;
+    assert_eq!(bad.unwrap_err().kind(), ErrorKind::InvalidInput);
+}
+
 /// The register takes equal or higher tokens and refuses lower ones.
 pub async fn fenced_register_rejects_stale_tokens(fx: &Fixture) {
     let c = fx.client().await;

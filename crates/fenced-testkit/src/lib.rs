@@ -43,7 +43,7 @@ macro_rules! conformance_suite {
             fencing_tokens_increase, lost_signal_when_taken, lost_signal_when_lease_ends,
             try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
             readers_share_writers_exclude, fair_mode_is_refused, semaphore_is_refused,
-            fenced_register_rejects_stale_tokens, multilock_is_all_or_nothing,
+            fenced_register_rejects_stale_tokens, versioned_values_lose_no_update, multilock_is_all_or_nothing,
             striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over,
             processes_exclude_each_other, killed_holder_process_frees_lock
         ]);
@@ -57,7 +57,7 @@ macro_rules! conformance_suite {
             fencing_tokens_increase_mutex, lost_signal_when_taken, lost_signal_when_lease_ends,
             try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
             cancelled_wait_leaves_nothing, fair_mode_is_fifo, shared_modes_are_refused,
-            fenced_register_rejects_stale_tokens, multilock_is_all_or_nothing,
+            fenced_register_rejects_stale_tokens, versioned_values_lose_no_update, multilock_is_all_or_nothing,
             striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over,
             processes_exclude_each_other, killed_holder_process_frees_lock
         ]);
@@ -71,7 +71,7 @@ macro_rules! conformance_suite {
             fencing_tokens_increase_mutex, lost_signal_when_taken, lost_signal_when_lease_ends,
             try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
             fair_mode_is_refused, shared_modes_are_refused,
-            fenced_register_rejects_stale_tokens, multilock_is_all_or_nothing,
+            fenced_register_rejects_stale_tokens, versioned_values_lose_no_update, multilock_is_all_or_nothing,
             striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over,
             processes_exclude_each_other, killed_holder_process_frees_lock
         ]);
@@ -83,7 +83,7 @@ macro_rules! conformance_suite {
             fencing_tokens_increase, lost_signal_when_taken, lost_signal_when_lease_ends,
             try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
             readers_share_writers_exclude, semaphore_never_exceeds_permits,
-            fenced_register_rejects_stale_tokens, multilock_is_all_or_nothing,
+            fenced_register_rejects_stale_tokens, versioned_values_lose_no_update, multilock_is_all_or_nothing,
             striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over
             $(, $extra)*
         ]);

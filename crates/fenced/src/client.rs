@@ -141,6 +141,15 @@ impl Client {
         Ok(FencedRegister::new(self.clone(), LockName::new(name)?))
     }
 
+    /// A value changed by versioned compare-and-set (optimistic
+    /// concurrency, see [`VersionedValue`](crate::VersionedValue)).
+    pub fn versioned(&self, name: &str) -> Result<crate::VersionedValue> {
+        Ok(crate::VersionedValue::new(
+            self.clone(),
+            LockName::new(name)?,
+        ))
+    }
+
     /// A leader election on `name` (see [`Election`](crate::Election)).
     pub fn election(&self, name: &str) -> Result<crate::Election> {
         crate::Election::new(self, name)

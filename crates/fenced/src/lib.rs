@@ -64,6 +64,7 @@ mod owner;
 mod retry;
 mod striped;
 mod url;
+mod versioned;
 
 pub use crate::backend::{HolderInfo, LockStatus, Mode};
 pub use crate::client::{BACKEND_ENV, Client};
@@ -80,6 +81,7 @@ pub use crate::owner::{MAX_OWNER_LEN, Owner};
 pub use crate::retry::RetryPolicy;
 pub use crate::striped::{MAX_SEGMENTS, StripedLock};
 pub use crate::url::default_sqlite_path;
+pub use crate::versioned::{Versioned, VersionedValue};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

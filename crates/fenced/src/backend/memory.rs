@@ -285,6 +285,23 @@ impl Backend for MemoryBackend {
         })
     }
 
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let mut regs = self.registers();
+            let entry = regs.entry(name.clone()).or_insert((Vec::new(), 0));
+            if entry.1 != expected {
+                return Ok(false);
+            }
+            *entry = (value.to_vec(), expected + 1);
+            Ok(true)
+        })
+    }
+
     fn register_decrement<'a>(
         &'a self,
         name: &'a LockName,

@@ -307,6 +307,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<bool>>;
 
+    /// Writes the register and sets its fence to `expected + 1` only if its
+    /// fence is exactly `expected` (0 when it was never written): a
+    /// versioned compare-and-set, the fence counting writes. `false` when
+    /// the fence had moved on.
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>>;
+
     /// Atomically subtracts `by` from the register's integer value if the
     /// result stays ≥ 0; the new value, or `None` if it would go negative.
     fn register_decrement<'a>(

@@ -118,6 +118,10 @@ const LAST_TOKEN: &str =
 const FORCE: &str = "DELETE FROM fenced_holds WHERE name = ?";
 const REGISTER_READ: &str = "SELECT value, fence FROM fenced_registers WHERE name = ?";
 const REGISTER_LOCK: &str = "SELECT value, fence FROM fenced_registers WHERE name = ? FOR UPDATE";
+const REGISTER_SWAP: &str =
+    "UPDATE fenced_registers SET value = ?, fence = fence + 1 WHERE name = ? AND fence = ?";
+const REGISTER_CREATE: &str =
+    "INSERT IGNORE INTO fenced_registers (name, value, fence) VALUES (?, ?, 1)";
 const REGISTER_UPSERT: &str = "INSERT INTO fenced_registers (name, value, fence) VALUES (?, ?, ?)
     ON DUPLICATE KEY UPDATE value = VALUES(value), fence = VALUES(fence)";
 
@@ -793,6 +797,36 @@ impl Backend for MySqlBackend {
                 .map_err(|e| self.db(e))?;
             tx.commit().await.map_err(|e| self.db(e))?;
             Ok(true)
+        })
+    }
+
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let expected = super::fence_i64(expected)?;
+            // The fence always changes, so a matched row is an affected row.
+            let r = sqlx::query(REGISTER_SWAP)
+                .bind(value)
+                .bind(name.as_str())
+                .bind(expected)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            if r.rows_affected() == 1 || expected != 0 {
+                return Ok(r.rows_affected() == 1);
+            }
+            // Never written: of racing creators, one insert wins.
+            let r = sqlx::query(REGISTER_CREATE)
+                .bind(name.as_str())
+                .bind(value)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            Ok(r.rows_affected() == 1)
         })
     }
 

@@ -414,6 +414,15 @@ impl Backend for PgAdvisory {
         self.table.register_write(name, fence, value)
     }
 
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.table.register_swap(name, expected, value)
+    }
+
     fn register_decrement<'a>(
         &'a self,
         name: &'a LockName,

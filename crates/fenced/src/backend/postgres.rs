@@ -129,6 +129,11 @@ const REGISTER_FENCED: &str =
 const REGISTER_UNFENCED: &str =
     "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, 0)
     ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value";
+const REGISTER_CREATE: &str = "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, 1)
+    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, fence = 1
+    WHERE fenced_registers.fence = 0";
+const REGISTER_SWAP: &str =
+    "UPDATE fenced_registers SET value = $2, fence = fence + 1 WHERE name = $1 AND fence = $3";
 const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
     SET value = convert_to((convert_from(value, 'UTF8')::bigint - $2)::text, 'UTF8')
     WHERE name = $1 AND convert_from(value, 'UTF8')::bigint >= $2
@@ -623,6 +628,27 @@ impl Backend for PgBackend {
                 }
             }
             .map_err(|e| self.db(e))?;
+            Ok(r.rows_affected() == 1)
+        })
+    }
+
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let expected = super::fence_i64(expected)?;
+            let q = if expected == 0 {
+                sqlx::query(REGISTER_CREATE).bind(name.as_str()).bind(value)
+            } else {
+                sqlx::query(REGISTER_SWAP)
+                    .bind(name.as_str())
+                    .bind(value)
+                    .bind(expected)
+            };
+            let r = q.execute(&self.pool).await.map_err(|e| self.db(e))?;
             Ok(r.rows_affected() == 1)
         })
     }

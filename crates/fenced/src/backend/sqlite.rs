@@ -119,6 +119,11 @@ const REGISTER_FENCED: &str =
 const REGISTER_UNFENCED: &str =
     "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 0)
     ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+const REGISTER_CREATE: &str = "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 1)
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value, fence = 1
+    WHERE fenced_registers.fence = 0";
+const REGISTER_SWAP: &str =
+    "UPDATE fenced_registers SET value = ?2, fence = fence + 1 WHERE name = ?1 AND fence = ?3";
 const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
     SET value = CAST(CAST(CAST(value AS INTEGER) - ?2 AS TEXT) AS BLOB)
     WHERE name = ?1 AND CAST(value AS INTEGER) >= ?2
@@ -588,6 +593,29 @@ impl Backend for SqliteBackend {
                         .await
                 }
             }
+            .map_err(db)?;
+            Ok(r.rows_affected() == 1)
+        })
+    }
+
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let expected = super::fence_i64(expected)?;
+            let r = if expected == 0 {
+                q(REGISTER_CREATE).bind(name.as_str()).bind(value)
+            } else {
+                q(REGISTER_SWAP)
+                    .bind(name.as_str())
+                    .bind(value)
+                    .bind(expected)
+            }
+            .execute(&self.pool)
+            .await
             .map_err(db)?;
             Ok(r.rows_affected() == 1)
         })

@@ -609,6 +609,28 @@ impl RedisBackend {
         Ok(n == 1)
     }
 
+    async fn register_swap_inner(
+        &self,
+        name: &LockName,
+        expected: u64,
+        value: &[u8],
+    ) -> Result<bool> {
+        let k = Keys::of(name)?;
+        let n: i64 = self
+            .node
+            .run(|mut c| async move {
+                self.scripts
+                    .register_swap
+                    .key(&k.register)
+                    .arg(expected)
+                    .arg(value)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
     async fn register_decrement_inner(&self, name: &LockName, by: i64) -> Result<Option<i64>> {
         let k = Keys::of(name)?;
         self.node
@@ -688,6 +710,15 @@ impl Backend for RedisBackend {
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(self.register_write_inner(name, fence, value))
+    }
+
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.register_swap_inner(name, expected, value))
     }
 
     fn register_decrement<'a>(

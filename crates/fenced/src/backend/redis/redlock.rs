@@ -293,6 +293,15 @@ impl Backend for RedLockBackend {
         Box::pin(self.nodes[0].register_write_inner(name, fence, value))
     }
 
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.nodes[0].register_swap_inner(name, expected, value))
+    }
+
     fn register_decrement<'a>(
         &'a self,
         name: &'a LockName,

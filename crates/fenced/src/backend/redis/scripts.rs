@@ -384,6 +384,14 @@ end
 return 1
 "#;
 
+/// Versioned compare-and-set. KEYS: register. ARGV: expected fence, value.
+const REGISTER_SWAP: &str = r#"
+local f = tonumber(redis.call('HGET', KEYS[1], 'f') or '0') or 0
+if f ~= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'f', string.format('%.0f', f + 1))
+return 1
+"#;
+
 /// Fenced register decrement. KEYS: register. ARGV: by. Returns the new
 /// value, nil if missing or it would go below zero.
 const REGISTER_DECREMENT: &str = r#"
@@ -408,6 +416,7 @@ pub(super) struct Scripts {
     pub(super) raise: redis::Script,
     pub(super) register_write: redis::Script,
     pub(super) register_decrement: redis::Script,
+    pub(super) register_swap: redis::Script,
 }
 
 impl Scripts {
@@ -430,6 +439,7 @@ impl Scripts {
             raise: redis::Script::new(RAISE),
             register_write: redis::Script::new(REGISTER_WRITE),
             register_decrement: redis::Script::new(REGISTER_DECREMENT),
+            register_swap: redis::Script::new(REGISTER_SWAP),
         }
     }
 }
