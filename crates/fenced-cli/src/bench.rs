@@ -2,6 +2,8 @@
 //! engine's own limit measured in the same run.
 //!
 //! - S1 uncontended: one client, acquire + release of `bench:s1`.
+//! - S2 contended: worker processes increment a counter in the backend
+//!   under one lock; throughput, waits, fairness and lost updates.
 //! - S4 handoff: process A releases at a CLOCK_MONOTONIC instant, process
 //!   B (already waiting) notes when it acquires.
 //!
@@ -27,6 +29,15 @@ pub(crate) struct BenchArgs {
     /// S4 repetitions.
     #[arg(long, default_value_t = 200)]
     handoffs: u64,
+    /// S2 worker processes.
+    #[arg(long, default_value_t = 8)]
+    processes: u32,
+    /// S2 duration.
+    #[arg(long, default_value = "20s", value_parser = crate::parse_duration)]
+    duration: Duration,
+    /// Fair (FIFO) locks in S2 and S4.
+    #[arg(long)]
+    fair: bool,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -35,12 +46,24 @@ pub(crate) struct BenchArgs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Scenario {
     S1,
+    S2,
     S4,
 }
 
 #[derive(Args, Debug)]
 pub(crate) struct HandoffWorkerArgs {
     name: String,
+    #[arg(long)]
+    fair: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct S2WorkerArgs {
+    name: String,
+    #[arg(long, value_parser = crate::parse_duration)]
+    duration: Duration,
+    #[arg(long)]
+    fair: bool,
 }
 
 /// S1 is bounded at 60 s whatever the iteration count.
@@ -82,9 +105,7 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     let url = client.url().to_owned();
     let scheme = url.split(':').next().unwrap_or("").to_owned();
     let report = Report { json: args.json };
-    #[cfg(feature = "postgres")]
-    if url.starts_with("postgres") {
-        let (rate, cmd) = postgres_limit(&url).await?;
+    if let Some((rate, cmd)) = sql_limit(&url).await? {
         report.row(
             json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
                           "ops_per_sec": rate}),
@@ -117,8 +138,23 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
                 }
                 report.row(row);
             }
+            Scenario::S2 => {
+                let r = s2(&url, &client, &args).await?;
+                let mut row = json!({
+                    "scenario": "S2", "backend": scheme, "clients": args.processes,
+                    "fair": args.fair, "duration_s": r.secs, "acquisitions": r.total,
+                    "ops_per_sec": r.total as f64 / r.secs,
+                    "p50_us": r.wait.value_at_quantile(0.5), "p99_us": r.wait.value_at_quantile(0.99),
+                    "jain": r.jain, "run_length_mean": r.run_mean, "run_length_max": r.run_max,
+                    "lost_updates": r.lost_updates,
+                });
+                if let Some(l) = &limits {
+                    row["ratio_to_set"] = json!(r.total as f64 / r.secs / l.set);
+                }
+                report.row(row);
+            }
             Scenario::S4 => {
-                let h = s4(&url, &client, args.handoffs).await?;
+                let h = s4(&url, &client, args.handoffs, args.fair).await?;
                 let mut row = json!({
                     "scenario": "S4", "backend": scheme, "clients": 2, "handoffs": h.len(),
                     "p50_us": h.value_at_quantile(0.5), "p99_us": h.value_at_quantile(0.99),
@@ -172,15 +208,174 @@ async fn s1(client: &fenced::Client, iterations: u64) -> anyhow::Result<S1> {
 }
 
 /// S4: this process is A; a `bench-handoff-worker` process is B.
-async fn s4(url: &str, client: &fenced::Client, reps: u64) -> anyhow::Result<Histogram<u64>> {
-    let name = "bench:s4";
-    let lock = client.mutex(name)?;
+/// What S2's workers did together.
+struct S2 {
+    secs: f64,
+    total: u64,
+    wait: Histogram<u64>,
+    jain: f64,
+    run_mean: f64,
+    run_max: u64,
+    lost_updates: i64,
+}
+
+/// One S2 worker's record: when it got the lock (CLOCK_MONOTONIC ns) and
+/// how long it waited for it (µs).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct S2Record {
+    at_ns: Vec<u64>,
+    wait_us: Vec<u64>,
+}
+
+async fn s2(url: &str, client: &fenced::Client, args: &BenchArgs) -> anyhow::Result<S2> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let name = "bench:s2";
+    let counter = client.register("bench:s2:counter")?;
+    counter.write_unfenced("0").await?;
     let exe = std::env::current_exe()?;
-    let mut b = tokio::process::Command::new(exe)
-        .arg("--backend")
+    let mut workers = Vec::new();
+    for _ in 0..args.processes {
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("--backend")
+            .arg(url)
+            .arg("bench-s2-worker")
+            .arg(name)
+            .arg("--duration")
+            .arg(format!("{}ms", args.duration.as_millis()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        if args.fair {
+            cmd.arg("--fair");
+        }
+        let mut w = cmd.spawn().context("start an S2 worker")?;
+        let stdin = w.stdin.take().context("worker stdin")?;
+        let stdout = tokio::io::BufReader::new(w.stdout.take().context("worker stdout")?);
+        workers.push((w, stdin, stdout));
+    }
+    // Start together: every worker has connected before any begins.
+    let mut line = String::new();
+    for (_, _, out) in &mut workers {
+        line.clear();
+        out.read_line(&mut line).await?;
+        if line.trim() != "ready" {
+            bail!("an S2 worker said {line:?}");
+        }
+    }
+    let start = Instant::now();
+    for (_, stdin, _) in &mut workers {
+        stdin.write_all(b"go\n").await?;
+    }
+    let mut records = Vec::new();
+    for (mut w, _, mut out) in workers {
+        line.clear();
+        out.read_line(&mut line).await?;
+        let r: S2Record = serde_json::from_str(line.trim())
+            .with_context(|| format!("an S2 worker's record {line:?}"))?;
+        w.wait().await?;
+        records.push(r);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let mut wait = Histogram::<u64>::new(3)?;
+    let mut order = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        for (&at, &w) in r.at_ns.iter().zip(&r.wait_us) {
+            wait.record(w)?;
+            order.push((at, i));
+        }
+    }
+    order.sort_unstable();
+    let total = order.len() as u64;
+    // Runs: back-to-back acquisitions by one process.
+    let mut runs = Vec::new();
+    for (k, &(_, who)) in order.iter().enumerate() {
+        if k == 0 || order[k - 1].1 != who {
+            runs.push(0u64);
+        }
+        *runs.last_mut().expect("pushed") += 1;
+    }
+    let counts: Vec<f64> = records.iter().map(|r| r.at_ns.len() as f64).collect();
+    let sum: f64 = counts.iter().sum();
+    let squares: f64 = counts.iter().map(|c| c * c).sum();
+    let jain = if squares > 0.0 {
+        sum * sum / (counts.len() as f64 * squares)
+    } else {
+        0.0
+    };
+    let end = counter.read_i64().await?.unwrap_or(0);
+    Ok(S2 {
+        secs,
+        total,
+        wait,
+        jain,
+        run_mean: if runs.is_empty() {
+            0.0
+        } else {
+            total as f64 / runs.len() as f64
+        },
+        run_max: runs.iter().copied().max().unwrap_or(0),
+        lost_updates: total as i64 - end,
+    })
+}
+
+/// An S2 worker: after `go`, for the duration: acquire, read the counter,
+/// write it + 1 under the fencing token, release. Prints its record as
+/// one JSON line.
+pub(crate) async fn s2_worker(
+    backend: Option<String>,
+    args: S2WorkerArgs,
+) -> anyhow::Result<ExitCode> {
+    let client = crate::connect(backend.as_deref()).await?;
+    let lock = client
+        .mutex(&args.name)?
+        .lease(Duration::from_secs(10))
+        .fair(args.fair);
+    let counter = client.register(&format!("{}:counter", args.name))?;
+    let mut out = std::io::stdout();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go)?;
+    let mut rec = S2Record {
+        at_ns: Vec::new(),
+        wait_us: Vec::new(),
+    };
+    let end = Instant::now() + args.duration;
+    while Instant::now() < end {
+        let asked = Instant::now();
+        let Some(g) = lock.acquire_timeout(end - asked).await? else {
+            break;
+        };
+        rec.at_ns.push(mono_ns());
+        rec.wait_us.push(asked.elapsed().as_micros() as u64);
+        let n = counter.read_i64().await?.unwrap_or(0);
+        counter.write(&g, (n + 1).to_string()).await?;
+        g.release().await?;
+    }
+    writeln!(out, "{}", serde_json::to_string(&rec)?)?;
+    out.flush()?;
+    client.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn s4(
+    url: &str,
+    client: &fenced::Client,
+    reps: u64,
+    fair: bool,
+) -> anyhow::Result<Histogram<u64>> {
+    let name = "bench:s4";
+    let lock = client.mutex(name)?.fair(fair);
+    let exe = std::env::current_exe()?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("--backend")
         .arg(url)
         .arg("bench-handoff-worker")
-        .arg(name)
+        .arg(name);
+    if fair {
+        cmd.arg("--fair");
+    }
+    let mut b = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -220,7 +415,7 @@ pub(crate) async fn handoff_worker(
     args: HandoffWorkerArgs,
 ) -> anyhow::Result<ExitCode> {
     let client = crate::connect(backend.as_deref()).await?;
-    let lock = client.mutex(&args.name)?;
+    let lock = client.mutex(&args.name)?.fair(args.fair);
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     for line in BufReader::new(stdin.lock()).lines() {
@@ -320,23 +515,43 @@ fn redis_limits(url: &str) -> anyhow::Result<Option<Limits>> {
     }))
 }
 
-/// A raw loop of one-row upserts on one PostgreSQL connection: what a
-/// single statement costs on this server (an acquire+release is at least
-/// two).
-#[cfg(feature = "postgres")]
-async fn postgres_limit(url: &str) -> anyhow::Result<(f64, String)> {
-    use sqlx::Connection;
-    const SQL: &str = "INSERT INTO fenced_locks (name) VALUES ('bench:limit') \
-        ON CONFLICT (name) DO UPDATE SET token = fenced_locks.token + 1";
+/// The cost of one statement on a SQL server: a raw loop of one-row
+/// upserts on one connection (an acquire + release is at least two), or
+/// `None` for other backends.
+async fn sql_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
     let mut base = url::Url::parse(url)?;
     base.set_query(None);
-    let mut c = sqlx::PgConnection::connect(base.as_str()).await?;
-    let n = 5000;
-    let start = Instant::now();
-    for _ in 0..n {
-        sqlx::query(SQL).execute(&mut c).await?;
+    let n = 5000u32;
+    let started;
+    let sql;
+    match base.scheme() {
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            use sqlx::Connection;
+            sql = "INSERT INTO fenced_locks (name) VALUES ('bench:limit') \
+                ON CONFLICT (name) DO UPDATE SET token = fenced_locks.token + 1";
+            let mut c = sqlx::PgConnection::connect(base.as_str()).await?;
+            started = Instant::now();
+            for _ in 0..n {
+                sqlx::query(sql).execute(&mut c).await?;
+            }
+            c.close().await?;
+        }
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => {
+            use sqlx::Connection;
+            let _ = base.set_scheme("mysql");
+            sql = "INSERT INTO fenced_locks (name) VALUES ('bench:limit') \
+                ON DUPLICATE KEY UPDATE token = token + 1";
+            let mut c = sqlx::MySqlConnection::connect(base.as_str()).await?;
+            started = Instant::now();
+            for _ in 0..n {
+                sqlx::query(sql).execute(&mut c).await?;
+            }
+            c.close().await?;
+        }
+        _ => return Ok(None),
     }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    c.close().await?;
-    Ok((rate, format!("{n} x {SQL}")))
+    let rate = f64::from(n) / started.elapsed().as_secs_f64();
+    Ok(Some((rate, format!("{n} x {sql}"))))
 }

@@ -56,6 +56,8 @@ enum Command {
     Bench(bench::BenchArgs),
     #[command(hide = true)]
     BenchHandoffWorker(bench::HandoffWorkerArgs),
+    #[command(hide = true)]
+    BenchS2Worker(bench::S2WorkerArgs),
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h`, or `0`.
@@ -115,6 +117,7 @@ fn main() -> ExitCode {
             Command::DemoWorker(args) => demo::worker(backend, args).await,
             Command::Bench(args) => bench::bench(backend, args).await,
             Command::BenchHandoffWorker(args) => bench::handoff_worker(backend, args).await,
+            Command::BenchS2Worker(args) => bench::s2_worker(backend, args).await,
         };
         match result {
             Ok(code) => code,

@@ -298,20 +298,31 @@ impl Shared {
                     .and_then(|r| r.try_get::<Option<i64>, _>("got"));
                 match got {
                     Ok(Some(1)) => break true,
-                    // Waited an hour: wait again.
-                    Ok(Some(_)) => continue,
+                    // Waited an hour: wait again, unless withdrawn.
+                    Ok(Some(_)) if matches!(*lock(&p.state), Probe::Waiting) => continue,
                     _ => break false,
                 }
             };
-            {
+            let withdrawn = {
                 let mut st = lock(&p.state);
                 if won && matches!(*st, Probe::Waiting) {
                     *st = Probe::Won(s);
+                    None
                 } else {
-                    // Failed, or withdrawn meanwhile: dropping the session
-                    // closes it and frees what it holds.
                     *st = Probe::Over;
+                    Some(s)
                 }
+            };
+            if let Some(s) = withdrawn {
+                // Withdrawn (its wait interrupted), or failed. A grant that
+                // came just before the withdrawal goes back now, before
+                // `withdraw` returns; a failed session is closed.
+                if won {
+                    me.unlock(s, &key).await;
+                } else {
+                    let _ = s.conn.close().await;
+                }
+                return;
             }
             me.table.wakeups().bump(name.as_str());
             if !won {
@@ -334,29 +345,42 @@ impl Shared {
         ticket
     }
 
-    /// Withdraws a waiter: ends its prober's server-side wait and frees the
-    /// lock if the prober had won it.
+    /// Withdraws a waiter: interrupts its prober's server-side wait and
+    /// returns once the prober's session holds nothing, so a timed-out
+    /// acquire leaves no grant behind it.
     async fn withdraw(&self, ticket: Ticket) {
         let Some(p) = lock(&self.probers).remove(&ticket) else {
             return;
         };
         let was = std::mem::replace(&mut *lock(&p.state), Probe::Over);
+        let task = lock(&p.task).take();
         match was {
             Probe::Won(s) => {
+                if let Some(t) = task {
+                    t.abort();
+                }
                 self.unlock(s, &p.key).await;
             }
             Probe::Waiting => {
-                // KILL of one's own user's session needs no privilege; it
-                // ends the wait and closes the session server-side.
-                let kill = format!("KILL {}", p.conn_id);
+                // KILL QUERY of one's own user's session needs no privilege.
+                let kill = format!("KILL QUERY {}", p.conn_id);
                 let _ = sqlx::query(sqlx::AssertSqlSafe(kill))
                     .execute(self.table.pool())
                     .await;
+                let Some(mut t) = task else { return };
+                if tokio::time::timeout(Duration::from_secs(5), &mut t)
+                    .await
+                    .is_err()
+                {
+                    // The server did not answer: end the session itself.
+                    t.abort();
+                    let kill = format!("KILL {}", p.conn_id);
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(kill))
+                        .execute(self.table.pool())
+                        .await;
+                }
             }
             Probe::Over => {}
-        }
-        if let Some(t) = lock(&p.task).take() {
-            t.abort();
         }
     }
 

@@ -150,6 +150,11 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                 };
                 let now = Instant::now();
                 if deadline.is_some_and(|d| d <= now) {
+                    // Withdraw now rather than in the background, so that
+                    // what this caller does next finds no trace of the wait.
+                    if let Some(a) = cleanup.attempt.take() {
+                        let _ = backend.abandon(&a.name, a.ticket, &a.hold_id).await;
+                    }
                     return Ok(None);
                 }
                 if waiting_since.is_none() {
