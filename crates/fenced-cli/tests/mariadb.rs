@@ -152,3 +152,22 @@ async fn advisory_is_get_lock_and_signals_a_killed_session() {
     assert!(next.fencing_token() > g.fencing_token());
     assert!(next.release().await.unwrap());
 }
+
+/// Each grant runs `READ COMMITTED` on its own connection, serialised on
+/// the name's row, so the server's default isolation changes nothing:
+/// exclusion and permit counts hold under `REPEATABLE READ` (MariaDB's
+/// default) and `SERIALIZABLE`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_holds_under_any_default_isolation() {
+    let server = MariaDb::start();
+    for iso in ["REPEATABLE READ", "SERIALIZABLE"] {
+        server.sql(&format!("SET GLOBAL TRANSACTION ISOLATION LEVEL {iso}"));
+        assert_eq!(
+            server.sql("SELECT @@GLOBAL.tx_isolation"),
+            iso.replace(' ', "-")
+        );
+        let fx = fenced_testkit::Fixture::new(server.url(), None, Vec::new());
+        fenced_testkit::conformance::mutual_exclusion_tasks(&fx).await;
+        fenced_testkit::conformance::semaphore_never_exceeds_permits(&fx).await;
+    }
+}

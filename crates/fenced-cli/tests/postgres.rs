@@ -173,3 +173,22 @@ async fn advisory_session_killed_fires_the_lost_signal() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
 }
+
+/// Grants serialise on the name's row in an explicit `READ COMMITTED`
+/// transaction, so a server whose default isolation is stricter changes
+/// nothing: exclusion and permit counts hold under `REPEATABLE READ` and
+/// `SERIALIZABLE` defaults too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_holds_under_stricter_default_isolation() {
+    let server = PgServer::start();
+    for iso in ["repeatable read", "serializable"] {
+        psql(
+            &server,
+            &format!("ALTER DATABASE postgres SET default_transaction_isolation = '{iso}'"),
+        );
+        assert_eq!(psql(&server, "SHOW default_transaction_isolation"), iso);
+        let fx = fenced_testkit::Fixture::new(server.url(), None, Vec::new());
+        fenced_testkit::conformance::mutual_exclusion_tasks(&fx).await;
+        fenced_testkit::conformance::semaphore_never_exceeds_permits(&fx).await;
+    }
+}

@@ -9,6 +9,9 @@
 //! padding) and times as milliseconds of the **database's** clock
 //! (`SYSDATE(3)`), never a client's.
 //!
+//! `?mode=advisory` is the other mode, in
+//! [`mysql_advisory`](super::mysql_advisory).
+//!
 //! Every grant is one `READ COMMITTED` transaction that first locks the
 //! name's `fenced_locks` row, so acquirers of one name are serialised
 //! whatever the server's default isolation, then applies the grant rule
@@ -17,10 +20,11 @@
 //! # Wake-ups without polling
 //!
 //! MySQL has no NOTIFY. Each client keeps one *doorbell* connection
-//! sleeping in `SELECT SLEEP(…)` on the server; a blocked acquirer records
-//! the doorbell's connection id in `fenced_waiters`. After a change, the
+//! waiting on the server in `GET_LOCK` for a lock that a second connection
+//! of the client (its anchor) holds; a blocked acquirer records the
+//! doorbell's connection id in `fenced_waiters`. After a change, the
 //! releaser runs `KILL QUERY <id>` for the oldest waiter, which ends that
-//! sleep at once; the woken client looks again. A ring that lands while a
+//! wait at once; the woken client looks again. A ring that lands while a
 //! doorbell re-arms is lost, and a holder that dies rings nothing, so
 //! waiters also look again when the first lease in their way ends. `KILL
 //! QUERY` of one's own user's connections needs no privilege.
