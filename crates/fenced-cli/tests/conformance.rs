@@ -63,3 +63,16 @@ fenced_testkit::conformance_suite!(
     processes,
     mutex_only_no_fair
 );
+
+#[cfg(feature = "etcd")]
+fenced_testkit::conformance_suite!(
+    etcd,
+    fenced_testkit::Fixture::etcd(env!("CARGO_BIN_EXE_fenced"), 1),
+    processes
+);
+
+#[cfg(feature = "etcd")]
+fenced_testkit::conformance_suite!(
+    etcd_cluster,
+    fenced_testkit::Fixture::etcd(env!("CARGO_BIN_EXE_fenced"), 3)
+);

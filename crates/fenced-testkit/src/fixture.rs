@@ -105,6 +105,17 @@ impl Fixture {
         )
     }
 
+    /// A fresh etcd of `members` members, with a short session lease so a
+    /// killed holder's keys go within the suite's patience.
+    pub fn etcd(fenced_bin: impl Into<PathBuf>, members: usize) -> Self {
+        let c = crate::servers::etcd::EtcdCluster::start_n(members);
+        Fixture::new(
+            format!("{}?lease_ttl=3s", c.url()),
+            Some(fenced_bin.into()),
+            vec![Box::new(c)],
+        )
+    }
+
     /// Any URL, keeping `keep` alive as long as the fixture.
     pub fn new(
         url: String,

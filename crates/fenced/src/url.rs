@@ -50,6 +50,8 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
         "mysql" | "mariadb" => crate::backend::mysql::MySqlBackend::open(url).await,
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => crate::backend::postgres::PgBackend::open(url).await,
+        #[cfg(feature = "etcd")]
+        "etcd" => crate::backend::etcd::EtcdBackend::open(url).await,
         #[cfg(feature = "redis")]
         "redlock" => crate::backend::redis::redlock::RedLockBackend::open(url).await,
         _ => {
@@ -76,6 +78,7 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
                         .into_iter()
                         .filter(|_| cfg!(feature = "mysql")),
                 )
+                .chain(cfg!(feature = "etcd").then_some("etcd"))
                 .collect();
             match PLANNED
                 .iter()
@@ -140,10 +143,11 @@ pub(crate) fn default_url() -> Result<String> {
 /// `zk://h1,h2/chroot`), which `url::Url` does not parse. Written by hand
 /// for that reason; user info and query are decoded with the `url` crate's
 /// helpers.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
 pub(crate) struct Endpoints {
     pub(crate) scheme: String,
     /// The user info exactly as written (still percent-encoded).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) userinfo: Option<String>,
     pub(crate) user: Option<String>,
     pub(crate) password: Option<String>,
@@ -154,7 +158,7 @@ pub(crate) struct Endpoints {
     redacted: String,
 }
 
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
 impl Endpoints {
     pub(crate) fn parse(url: &str, default_port: u16) -> Result<Endpoints> {
         let redacted = redact_userinfo(url);
@@ -264,6 +268,7 @@ impl Endpoints {
     }
 
     /// Takes `key` as a number.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn take_number<T: std::str::FromStr>(&mut self, key: &str) -> Result<Option<T>> {
         let Some(v) = self.take(key) else {
             return Ok(None);

@@ -5,6 +5,7 @@
 //! Servers also die with the thread that started them (`PR_SET_PDEATHSIG`),
 //! so a test runner killed mid-run leaves no server behind.
 
+pub mod etcd;
 pub mod mariadb;
 pub mod postgres;
 pub mod redis;

@@ -16,6 +16,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod memory;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -35,7 +37,12 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Locks a std mutex, carrying on past a panic elsewhere (the data it
 /// guards stays consistent between statements).
 #[cfg_attr(
-    not(any(feature = "redis", feature = "postgres", feature = "mysql")),
+    not(any(
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "etcd"
+    )),
     allow(dead_code)
 )]
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -45,7 +52,10 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Returns when the deadline in `rx` has passed: renewals move it forward,
 /// and a sender set to now (or dropped) ends the wait at once. The lease
 /// of a session-held lock, which the server does not time out itself.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "etcd")),
+    allow(dead_code)
+)]
 pub(crate) async fn lease_runs_out(mut rx: tokio::sync::watch::Receiver<tokio::time::Instant>) {
     loop {
         let until = *rx.borrow_and_update();

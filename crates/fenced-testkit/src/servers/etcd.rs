@@ -1,0 +1,182 @@
+//! etcd from Debian's `etcd-server`: one member or a cluster, each member
+//! on two random loopback ports (client and peer) in a temp dir.
+
+use super::{Server, free_port, require};
+use nix::sys::signal::Signal;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+const READY: Duration = Duration::from_secs(30);
+
+/// One etcd member.
+pub struct Member {
+    /// Client port.
+    pub port: u16,
+    peer: u16,
+    name: String,
+    server: Option<Server>,
+}
+
+/// An etcd cluster of one or more members.
+pub struct EtcdCluster {
+    /// The members, in start order.
+    pub members: Vec<Member>,
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// A fresh single-member etcd.
+    pub fn start() -> EtcdCluster {
+        EtcdCluster::start_n(1)
+    }
+
+    /// A fresh cluster of `n` members.
+    pub fn start_n(n: usize) -> EtcdCluster {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let tmp = tempfile::tempdir().expect("a temp dir for etcd");
+            let mut c = EtcdCluster {
+                members: (1..=n)
+                    .map(|i| Member {
+                        port: free_port(),
+                        peer: free_port(),
+                        name: format!("n{i}"),
+                        server: None,
+                    })
+                    .collect(),
+                dir: tmp.path().to_owned(),
+                _tmp: tmp,
+            };
+            match c.launch_all() {
+                Ok(()) => return c,
+                Err(e) => last = e,
+            }
+        }
+        panic!("etcd would not start: {last}");
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn launch_all(&mut self) -> Result<(), String> {
+        for i in 0..self.members.len() {
+            self.spawn(i, "new");
+        }
+        for i in 0..self.members.len() {
+            self.wait(i)?;
+        }
+        Ok(())
+    }
+
+    fn spawn(&mut self, i: usize, state: &str) {
+        let bin = require("etcd", "etcd-server", &[]);
+        let cluster = self.initial_cluster();
+        let token = format!("fenced-{}", self.members[0].port);
+        let m = &mut self.members[i];
+        let data = self.dir.join(format!("{}.etcd", m.name));
+        let client = format!("http://127.0.0.1:{}", m.port);
+        let peer = format!("http://127.0.0.1:{}", m.peer);
+        let mut cmd = Command::new(bin);
+        cmd.arg("--name")
+            .arg(&m.name)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &cluster])
+            .args(["--initial-cluster-state", state])
+            .args(["--initial-cluster-token", &token])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--logger", "zap", "--log-level", "warn"]);
+        let log = self.dir.join(format!("etcd-{}.log", m.name));
+        m.server = Some(Server::start(cmd, &log, Signal::SIGTERM));
+    }
+
+    fn wait(&mut self, i: usize) -> Result<(), String> {
+        let port = self.members[i].port;
+        let server = self.members[i].server.as_mut().expect("spawned");
+        server.wait_ready(READY, || healthy(port))
+    }
+
+    /// `etcd://127.0.0.1:P1,127.0.0.1:P2,...`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.port))
+            .collect();
+        format!("etcd://{}", hosts.join(","))
+    }
+
+    /// `127.0.0.1:P1,127.0.0.1:P2,...` for `etcdctl --endpoints`.
+    pub fn endpoints(&self) -> String {
+        self.url().trim_start_matches("etcd://").to_owned()
+    }
+
+    /// The index of the current leader, by asking every live member.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.members.len()).find(|&i| {
+            self.members[i].server.is_some()
+                && etcdctl(
+                    &format!("127.0.0.1:{}", self.members[i].port),
+                    &["endpoint", "status", "-w", "fields"],
+                )
+                .is_some_and(|out| {
+                    let field = |k: &str| {
+                        out.lines()
+                            .find(|l| l.starts_with(&format!("\"{k}\" :")))
+                            .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+                    };
+                    field("MemberID").is_some() && field("MemberID") == field("Leader")
+                })
+        })
+    }
+
+    /// Kills member `i` (SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut s) = self.members[i].server.take() {
+            s.kill();
+        }
+    }
+
+    /// Restarts a killed member with its data.
+    pub fn restart(&mut self, i: usize) {
+        self.spawn(i, "existing");
+        if let Err(e) = self.wait(i) {
+            panic!("etcd member {i} would not restart: {e}");
+        }
+    }
+
+    /// The member's process, for SIGSTOP/SIGCONT.
+    pub fn process(&self, i: usize) -> Option<&Server> {
+        self.members[i].server.as_ref()
+    }
+}
+
+fn healthy(port: u16) -> bool {
+    etcdctl(&format!("127.0.0.1:{port}"), &["endpoint", "health"]).is_some()
+}
+
+/// Runs `etcdctl` (API v3) against `endpoints`; its stdout if it succeeded.
+pub fn etcdctl(endpoints: &str, args: &[&str]) -> Option<String> {
+    let bin = require("etcdctl", "etcd-client", &[]);
+    let out = Command::new(bin)
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoints}"))
+        .arg("--command-timeout=2s")
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}

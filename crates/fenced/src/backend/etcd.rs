@@ -1,0 +1,925 @@
+//! `etcd://h1:2379,h2:2379,h3:2379?lease_ttl=10s`: etcd v3, in the layout
+//! of etcd's `concurrency.Mutex` (what `etcdctl lock NAME` uses).
+//!
+//! # Layout
+//!
+//! - **Session**: one etcd lease per client (`lease_ttl`, default 10 s),
+//!   kept alive every TTL/3. Every key of the client is attached to it, so
+//!   a client that dies, or is cut off past the TTL, loses its keys on the
+//!   server and its waiters' places too. A new session lease is granted
+//!   when the old one is gone; holds of the old one fire their lost signal.
+//! - **Lock `N`**: the keys under the prefix `N/`, one per hold or waiter:
+//!   `N/<session lease id in lowercase hex>` (a second concurrent hold of
+//!   the same client on `N` adds `_<k>`), attached to the session lease.
+//!   The value is empty for an exclusive hold (as `etcdctl lock` writes
+//!   it), `fenced:r` for a read hold and `fenced:p:<take>:<max>` for
+//!   semaphore permits; a key fenced does not know counts as exclusive.
+//! - **Order**: keys queue by create revision, and a key is granted when
+//!   nothing ahead of it conflicts: for an exclusive key, no key ahead;
+//!   for a read key, no exclusive key ahead; for permits, only permit keys
+//!   ahead, taking with it no more than the permits. Every lock is thus
+//!   FIFO, and `fair` changes nothing. A try (no wait) that is not granted
+//!   deletes its key at once.
+//! - **Waiting**: a waiter watches only the key it waits for (the key just
+//!   before it, or the last exclusive key before a reader) for deletion,
+//!   from the revision it read, so a release between the read and the
+//!   watch is not missed; a semaphore waiter watches the prefix for
+//!   deletions. Each look at the queue checks that the waiter's own key
+//!   still exists (the bug Jepsen found in etcd 3.4.3: a waiter whose
+//!   session expired must not take the lock on a stale view).
+//! - **Fencing token**: the create revision of the hold's key, which etcd
+//!   raises on every write to the cluster. The highest token of a released
+//!   hold is kept at `fenced.token/N` (20 decimal digits) for `status`.
+//! - **Fenced registers** are `fenced.register/N`: 20 digits of fence, `:`,
+//!   the value; written by compare-and-set on the key's mod revision.
+//!
+//! Per-hold leases shorter than the session are kept by this client (a
+//! hold whose lease ends without a renewal deletes its key); a client that
+//! dies frees its holds when its session lease ends.
+
+use super::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
+    RegisterValue, Ticket, lease_runs_out, lock,
+};
+use crate::core::wake::Wakeups;
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::url::Endpoints;
+use etcd_client::{
+    Client as Etcd, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
+    KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
+    WatchOptions,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+const DEFAULT_PORT: u16 = 2379;
+const DEFAULT_TTL: Duration = Duration::from_secs(10);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+const PARAMS: &[&str] = &["lease_ttl", "timeout"];
+const TOKEN_PREFIX: &str = "fenced.token/";
+const REGISTER_PREFIX: &str = "fenced.register/";
+
+/// How a key holds, from its value.
+fn mode_of(v: &[u8]) -> Mode {
+    if v == b"fenced:r" {
+        return Mode::Shared;
+    }
+    if let Some(rest) = v.strip_prefix(b"fenced:p:")
+        && let Ok(rest) = std::str::from_utf8(rest)
+        && let Some((take, max)) = rest.split_once(':')
+        && let (Ok(take), Ok(max)) = (take.parse(), max.parse())
+    {
+        return Mode::Permits { take, max };
+    }
+    Mode::Exclusive
+}
+
+fn value_of(mode: Mode) -> Vec<u8> {
+    match mode {
+        Mode::Exclusive => Vec::new(),
+        Mode::Shared => b"fenced:r".to_vec(),
+        Mode::Permits { take, max } => format!("fenced:p:{take}:{max}").into_bytes(),
+    }
+}
+
+/// What a queued key waits for.
+#[derive(Debug, PartialEq, Eq)]
+enum Wait {
+    Granted,
+    /// The deletion of this key.
+    Key(Vec<u8>),
+    /// Any deletion under the prefix (a semaphore waits for permits).
+    Prefix,
+}
+
+/// The grant rule over a queue sorted by create revision: what the key at
+/// `me` waits for. `own(i)` is true for keys of the same owner, which never
+/// block it.
+fn waits_for(q: &[(&[u8], Mode)], me: usize, own: impl Fn(usize) -> bool) -> Wait {
+    let ahead = (0..me).filter(|&i| !own(i));
+    match q[me].1 {
+        Mode::Exclusive => match ahead.last() {
+            Some(i) => Wait::Key(q[i].0.to_vec()),
+            None => Wait::Granted,
+        },
+        Mode::Shared => match ahead.filter(|&i| q[i].1 != Mode::Shared).last() {
+            Some(i) => Wait::Key(q[i].0.to_vec()),
+            None => Wait::Granted,
+        },
+        Mode::Permits { take, max } => {
+            let mut used = u64::from(take);
+            for (i, (key, mode)) in q[..me].iter().enumerate() {
+                match mode {
+                    Mode::Permits { take, .. } => used += u64::from(*take),
+                    _ if own(i) => {}
+                    _ => return Wait::Key(key.to_vec()),
+                }
+            }
+            if used <= u64::from(max) {
+                Wait::Granted
+            } else {
+                Wait::Prefix
+            }
+        }
+    }
+}
+
+/// The queue of a prefix listing: each key and how it holds.
+fn queue(kvs: &[KeyValue]) -> Vec<(&[u8], Mode)> {
+    kvs.iter()
+        .map(|kv| (kv.key(), mode_of(kv.value())))
+        .collect()
+}
+
+/// One key of this client: a hold, or a waiter's place.
+struct OwnKey {
+    key: Vec<u8>,
+    name: LockName,
+    owner: String,
+    /// The session lease the key is attached to.
+    lease: i64,
+    /// Its create revision once known (the token when granted).
+    rev: AtomicI64,
+    /// Set when granted: the lease deadline renewals move.
+    deadline: Mutex<Option<watch::Sender<Instant>>>,
+    /// The watch that wakes this waiter.
+    watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for OwnKey {
+    fn drop(&mut self) {
+        if let Some(w) = lock(&self.watcher).take() {
+            w.abort();
+        }
+    }
+}
+
+/// The client's session lease.
+struct Session {
+    /// The live lease id, 0 while there is none.
+    lease: AtomicI64,
+    ttl: i64,
+    /// Bumped when the lease changes.
+    epoch: AtomicU64,
+}
+
+pub(crate) struct EtcdBackend {
+    inner: Arc<Inner>,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+struct Inner {
+    etcd: Etcd,
+    label: String,
+    wakeups: Arc<Wakeups>,
+    session: Session,
+    /// hold id → key.
+    keys: Mutex<HashMap<String, Arc<OwnKey>>>,
+    next_suffix: AtomicU64,
+}
+
+impl Drop for EtcdBackend {
+    fn drop(&mut self) {
+        self.keeper.abort();
+    }
+}
+
+impl EtcdBackend {
+    pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
+        let mut ep = Endpoints::parse(url, DEFAULT_PORT)?;
+        let label = ep.redacted().to_owned();
+        let ttl = ep.take_duration("lease_ttl")?.unwrap_or(DEFAULT_TTL);
+        if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(3600) {
+            return Err(Error::invalid(format!(
+                "lease_ttl={ttl:?} in {label:?}: etcd leases count whole seconds, from 1 s to 1 h"
+            )));
+        }
+        let timeout = ep.take_duration("timeout")?.unwrap_or(DEFAULT_TIMEOUT);
+        if timeout.is_zero() {
+            return Err(Error::invalid(format!(
+                "timeout=0 in {label:?}: give a positive duration"
+            )));
+        }
+        ep.finish(PARAMS)?;
+        if !ep.path.is_empty() {
+            return Err(Error::invalid(format!(
+                "{label:?}: an etcd URL has no path (lock names are etcd key prefixes)"
+            )));
+        }
+        let endpoints: Vec<String> = (0..ep.hosts.len())
+            .map(|i| format!("http://{}", ep.addr(i)))
+            .collect();
+        let mut opts = ConnectOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout);
+        if let Some(user) = &ep.user {
+            opts = opts.with_user(user.clone(), ep.password.clone().unwrap_or_default());
+        }
+        let mut etcd = Etcd::connect(&endpoints, Some(opts))
+            .await
+            .map_err(|e| map_err(&label, e))?;
+        let ttl_s = ttl.as_secs_f64().ceil() as i64;
+        let first = etcd
+            .lease_grant(ttl_s, None)
+            .await
+            .map_err(|e| map_err(&label, e))?;
+        let inner = Arc::new(Inner {
+            etcd,
+            label,
+            wakeups: Arc::new(Wakeups::default()),
+            session: Session {
+                lease: AtomicI64::new(first.id()),
+                ttl: first.ttl().max(ttl_s),
+                epoch: AtomicU64::new(0),
+            },
+            keys: Mutex::new(HashMap::new()),
+            next_suffix: AtomicU64::new(1),
+        });
+        let keeper = tokio::spawn(keep_alive(inner.clone()));
+        Ok(Arc::new(EtcdBackend { inner, keeper }))
+    }
+}
+
+/// Keeps the session lease alive every TTL/3; grants a new one when it is
+/// gone, and wakes every waiter then (their places went with it).
+async fn keep_alive(inner: Arc<Inner>) {
+    let period = Duration::from_secs_f64(inner.session.ttl as f64 / 3.0);
+    let mut etcd = inner.etcd.clone();
+    loop {
+        let id = inner.session.lease.load(Ordering::Acquire);
+        if id == 0 {
+            match etcd.lease_grant(inner.session.ttl, None).await {
+                Ok(r) => {
+                    inner.session.lease.store(r.id(), Ordering::Release);
+                    inner.session.epoch.fetch_add(1, Ordering::AcqRel);
+                    inner.wakeups.bump_all();
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "etcd: no new session lease yet");
+                    tokio::time::sleep(period.min(Duration::from_secs(1))).await;
+                }
+            }
+            continue;
+        }
+        let mut last_ok = Instant::now();
+        let stream = etcd.lease_keep_alive(id).await;
+        let Ok((mut keeper, mut replies)) = stream else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if last_ok.elapsed() >= period {
+                drop_session(&inner, id);
+            }
+            continue;
+        };
+        loop {
+            let ok = async {
+                keeper.keep_alive().await.ok()?;
+                let reply = tokio::time::timeout(period, replies.message()).await;
+                reply.ok()?.ok()?.map(|r| r.ttl())
+            }
+            .await;
+            match ok {
+                Some(ttl) if ttl > 0 => last_ok = Instant::now(),
+                // The server says the lease is gone.
+                Some(_) => {
+                    drop_session(&inner, id);
+                    break;
+                }
+                None => {
+                    if last_ok.elapsed() >= Duration::from_secs(inner.session.ttl as u64) {
+                        drop_session(&inner, id);
+                    }
+                    break;
+                }
+            }
+            tokio::time::sleep(period).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn drop_session(inner: &Inner, id: i64) {
+    if inner
+        .session
+        .lease
+        .compare_exchange(id, 0, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        tracing::warn!(lease = id, "etcd session lease lost; its holds are lost");
+        inner.session.epoch.fetch_add(1, Ordering::AcqRel);
+        inner.wakeups.bump_all();
+    }
+}
+
+fn map_err(label: &str, e: etcd_client::Error) -> Error {
+    use etcd_client::Error as E;
+    match &e {
+        E::GRpcStatus(s) => {
+            use tonic::Code as C;
+            match s.code() {
+                C::Unauthenticated | C::PermissionDenied | C::InvalidArgument
+                    if s.message().contains("auth")
+                        || s.message().contains("password")
+                        || s.message().contains("permission") =>
+                {
+                    Error::invalid(format!("etcd at {label} refused us: {}", s.message()))
+                        .with_source(e)
+                }
+                C::Unavailable
+                | C::DeadlineExceeded
+                | C::Aborted
+                | C::Cancelled
+                | C::ResourceExhausted
+                | C::Unknown => Error::unavailable(format!(
+                    "etcd at {label} cannot serve us now: {}",
+                    s.message()
+                ))
+                .with_source(e),
+                _ => Error::protocol(format!("etcd at {label} answered: {}", s.message()))
+                    .with_source(e),
+            }
+        }
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) => {
+            Error::invalid(format!("etcd at {label}: {e}")).with_source(e)
+        }
+        _ => Error::unavailable(format!("etcd at {label} is unreachable: {e}")).with_source(e),
+    }
+}
+
+fn prefix_of(name: &LockName) -> Result<Vec<u8>> {
+    let n = name.as_str();
+    if n.ends_with('/') {
+        return Err(Error::invalid(format!(
+            "lock name {n:?} ends with '/': on etcd the lock is the prefix `{n}/`, which \
+             would nest inside another lock's keys"
+        )));
+    }
+    Ok(format!("{n}/").into_bytes())
+}
+
+fn queue_get(prefix: &[u8]) -> TxnOp {
+    TxnOp::get(
+        prefix.to_vec(),
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend),
+        ),
+    )
+}
+
+fn token_key(name: &LockName) -> Vec<u8> {
+    format!("{TOKEN_PREFIX}{}", name.as_str()).into_bytes()
+}
+
+/// Keeps the largest released token at `fenced.token/N` (nested in a
+/// release's transaction).
+fn record_token(name: &LockName, token: i64) -> TxnOp {
+    let k = token_key(name);
+    let v = format!("{token:020}");
+    TxnOp::txn(
+        Txn::new()
+            .when([Compare::version(k.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(k.clone(), v.clone(), None)])
+            .or_else([TxnOp::txn(
+                Txn::new()
+                    .when([Compare::value(k.clone(), CompareOp::Less, v.clone())])
+                    .and_then([TxnOp::put(k, v, None)]),
+            )]),
+    )
+}
+
+fn gets(r: &etcd_client::TxnResponse) -> Vec<Vec<KeyValue>> {
+    r.op_responses()
+        .into_iter()
+        .filter_map(|o| match o {
+            TxnOpResponse::Get(g) => Some(g.kvs().to_vec()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn revision(r: &etcd_client::TxnResponse) -> i64 {
+    r.header().map_or(0, |h| h.revision())
+}
+
+impl Inner {
+    fn err(&self, e: etcd_client::Error) -> Error {
+        map_err(&self.label, e)
+    }
+
+    fn lease(&self) -> Result<i64> {
+        match self.session.lease.load(Ordering::Acquire) {
+            0 => Err(Error::unavailable(format!(
+                "etcd at {}: this client's session lease is gone and no new one is granted yet",
+                self.label
+            ))),
+            id => Ok(id),
+        }
+    }
+
+    /// This client's key for an attempt, made on its first try.
+    fn own_key(&self, req: &Attempt, prefix: &[u8], lease: i64) -> Arc<OwnKey> {
+        let mut keys = lock(&self.keys);
+        if let Some(k) = keys.get(&req.hold_id)
+            && k.lease == lease
+        {
+            return k.clone();
+        }
+        let base = format!("{}{lease:x}", String::from_utf8_lossy(prefix));
+        let taken = |k: &str| keys.values().any(|o| o.key == k.as_bytes());
+        let key = if taken(&base) {
+            loop {
+                let n = self.next_suffix.fetch_add(1, Ordering::Relaxed);
+                let k = format!("{base}_{n}");
+                if !taken(&k) {
+                    break k;
+                }
+            }
+        } else {
+            base
+        };
+        let own = Arc::new(OwnKey {
+            key: key.into_bytes(),
+            name: req.name.clone(),
+            owner: req.owner_key.clone(),
+            lease,
+            rev: AtomicI64::new(0),
+            deadline: Mutex::new(None),
+            watcher: Mutex::new(None),
+        });
+        keys.insert(req.hold_id.clone(), own.clone());
+        own
+    }
+
+    fn owner_of(&self, key: &[u8]) -> Option<String> {
+        lock(&self.keys)
+            .values()
+            .find(|o| o.key == key)
+            .map(|o| o.owner.clone())
+    }
+
+    async fn attempt(self: &Arc<Self>, req: &Attempt) -> Result<Outcome> {
+        let prefix = prefix_of(&req.name)?;
+        let lease = self.lease()?;
+        let own = self.own_key(req, &prefix, lease);
+        let mut etcd = self.etcd.clone();
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                own.key.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([
+                TxnOp::put(
+                    own.key.clone(),
+                    value_of(req.mode),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                queue_get(&prefix),
+            ])
+            .or_else([queue_get(&prefix)]);
+        let r = etcd.txn(txn).await.map_err(|e| self.err(e))?;
+        let created = r.succeeded();
+        let at = revision(&r);
+        let kvs = gets(&r).pop().unwrap_or_default();
+        let Some(me) = kvs.iter().position(|kv| kv.key() == own.key.as_slice()) else {
+            // Our key is gone (our session ended while we waited, or it
+            // was force-deleted): never act on a queue we are not in.
+            lock(&self.keys).remove(&req.hold_id);
+            if created {
+                return Err(Error::protocol(format!(
+                    "etcd at {}: a key we just created is missing from its prefix",
+                    self.label
+                )));
+            }
+            return Ok(Outcome::Busy(Blocked {
+                ticket: None,
+                retry_after: Some(Duration::from_millis(1)),
+            }));
+        };
+        let rev = kvs[me].create_revision();
+        own.rev.store(rev, Ordering::Release);
+        let owners: Vec<Option<String>> = kvs.iter().map(|kv| self.owner_of(kv.key())).collect();
+        let wait = waits_for(&queue(&kvs), me, |i| {
+            i != me && owners[i].as_deref() == Some(req.owner_key.as_str())
+        });
+        match wait {
+            Wait::Granted => {
+                if let Some(w) = lock(&own.watcher).take() {
+                    w.abort();
+                }
+                let (tx, rx) = watch::channel(Instant::now() + req.lease);
+                *lock(&own.deadline) = Some(tx);
+                let me = self.clone();
+                let id = req.hold_id.clone();
+                tokio::spawn(async move {
+                    lease_runs_out(rx).await;
+                    me.end(&id).await;
+                });
+                Ok(Outcome::Granted { token: rev as u64 })
+            }
+            _ if !req.will_wait => {
+                self.end(&req.hold_id).await;
+                Ok(Outcome::Busy(Blocked {
+                    ticket: None,
+                    retry_after: None,
+                }))
+            }
+            w => {
+                let (key, options) = match w {
+                    Wait::Key(k) => (k, WatchOptions::new()),
+                    _ => (prefix.clone(), WatchOptions::new().with_prefix()),
+                };
+                let options = options
+                    .with_start_revision(at + 1)
+                    .with_filters([WatchFilterType::NoPut]);
+                let wakeups = self.wakeups.clone();
+                let name = req.name.clone();
+                let mut etcd = self.etcd.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut stream) = etcd.watch(key, Some(options)).await {
+                        while let Ok(Some(msg)) = stream.message().await {
+                            if msg.canceled()
+                                || msg
+                                    .events()
+                                    .iter()
+                                    .any(|e| e.event_type() == EventType::Delete)
+                            {
+                                break;
+                            }
+                        }
+                    }
+                    wakeups.bump(name.as_str());
+                });
+                if let Some(old) = lock(&own.watcher).replace(task) {
+                    old.abort();
+                }
+                Ok(Outcome::Busy(Blocked {
+                    ticket: Some(rev),
+                    retry_after: None,
+                }))
+            }
+        }
+    }
+
+    /// Deletes the key of `hold_id` (hold or place) and forgets it; whether
+    /// the key was still there.
+    async fn end(&self, hold_id: &str) -> bool {
+        let Some(own) = lock(&self.keys).remove(hold_id) else {
+            return false;
+        };
+        if let Some(d) = lock(&own.deadline).take() {
+            d.send_replace(Instant::now());
+        }
+        let rev = own.rev.load(Ordering::Acquire);
+        let mut ops = vec![TxnOp::delete(own.key.clone(), None)];
+        let granted = rev > 0;
+        if granted {
+            ops.push(record_token(&own.name, rev));
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                own.key.clone(),
+                if rev > 0 {
+                    CompareOp::Equal
+                } else {
+                    CompareOp::Greater
+                },
+                rev,
+            )])
+            .and_then(ops);
+        let mut etcd = self.etcd.clone();
+        let done = etcd.txn(txn).await.map(|r| r.succeeded());
+        if done.is_ok() {
+            self.wakeups.bump(own.name.as_str());
+        }
+        done.unwrap_or(false)
+    }
+}
+
+impl Backend for EtcdBackend {
+    fn scheme(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.inner.wakeups
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(self.inner.attempt(req))
+    }
+
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+        Box::pin(async move {
+            let live = self.inner.session.lease.load(Ordering::Acquire);
+            let checks = refs.iter().map(|r| async move {
+                let Some(own) = lock(&self.inner.keys).get(&r.hold_id).cloned() else {
+                    return Ok(false);
+                };
+                if own.lease != live {
+                    return Ok(false);
+                }
+                let mut etcd = self.inner.etcd.clone();
+                let got = etcd
+                    .get(own.key.clone(), Some(GetOptions::new().with_keys_only()))
+                    .await
+                    .map_err(|e| self.inner.err(e))?;
+                let rev = own.rev.load(Ordering::Acquire);
+                let here = got
+                    .kvs()
+                    .first()
+                    .is_some_and(|kv| kv.create_revision() == rev);
+                if here && let Some(d) = lock(&own.deadline).as_ref() {
+                    d.send_replace(Instant::now() + r.lease);
+                }
+                Ok(here)
+            });
+            futures_util::future::join_all(checks)
+                .await
+                .into_iter()
+                .collect()
+        })
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { Ok(self.inner.end(&hold.hold_id).await) })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        _name: &'a LockName,
+        _ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.inner.end(hold_id).await;
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let prefix = prefix_of(name)?;
+            let txn = Txn::new().and_then([queue_get(&prefix), TxnOp::get(token_key(name), None)]);
+            let mut etcd = inner.etcd.clone();
+            let r = etcd.txn(txn).await.map_err(|e| inner.err(e))?;
+            let mut got = gets(&r);
+            let tok = got.pop().unwrap_or_default();
+            let kvs = got.pop().unwrap_or_default();
+            let mut last_token: u64 = tok
+                .first()
+                .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse().ok())
+                .unwrap_or(0);
+            let owners: Vec<Option<String>> =
+                kvs.iter().map(|kv| inner.owner_of(kv.key())).collect();
+            let mut holders = Vec::new();
+            let mut waiters = 0;
+            let q = queue(&kvs);
+            for (i, kv) in kvs.iter().enumerate() {
+                let granted = waits_for(&q, i, |j| {
+                    j != i && owners[j].is_some() && owners[j] == owners[i]
+                }) == Wait::Granted;
+                if !granted {
+                    waiters += 1;
+                    continue;
+                }
+                let token = kv.create_revision() as u64;
+                last_token = last_token.max(token);
+                let lease_left = lock(&inner.keys)
+                    .values()
+                    .find(|o| o.key == kv.key())
+                    .and_then(|o| {
+                        lock(&o.deadline)
+                            .as_ref()
+                            .map(|d| d.borrow().saturating_duration_since(Instant::now()))
+                    })
+                    .unwrap_or(Duration::from_secs(inner.session.ttl as u64));
+                holders.push(HolderInfo {
+                    owner: owners[i]
+                        .clone()
+                        .unwrap_or_else(|| format!("etcd lease {:x}", kv.lease())),
+                    mode: mode_of(kv.value()),
+                    token,
+                    lease_left,
+                });
+            }
+            Ok(LockStatus {
+                holders,
+                waiters,
+                last_token,
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let prefix = prefix_of(name)?;
+            let mut etcd = inner.etcd.clone();
+            let got = etcd
+                .get(
+                    prefix.clone(),
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                )
+                .await
+                .map_err(|e| inner.err(e))?;
+            let top = got.kvs().iter().map(|kv| kv.create_revision()).max();
+            let mut ops = vec![TxnOp::delete(
+                prefix,
+                Some(DeleteOptions::new().with_prefix()),
+            )];
+            if let Some(t) = top {
+                ops.push(record_token(name, t));
+            }
+            let r = etcd
+                .txn(Txn::new().and_then(ops))
+                .await
+                .map_err(|e| inner.err(e))?;
+            inner.wakeups.bump(name.as_str());
+            let deleted = r
+                .op_responses()
+                .into_iter()
+                .find_map(|o| match o {
+                    TxnOpResponse::Delete(d) => Some(d.deleted()),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            Ok(deleted as usize)
+        })
+    }
+
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+        Box::pin(async move { Ok(self.inner.register_get(name).await?.map(|(v, f, _)| (v, f))) })
+    }
+
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.inner.register_change(name, move |old| {
+            let seen = old.map_or(0, |(_, f)| f);
+            match fence {
+                Some(f) if f < seen => Ok(None),
+                Some(f) => Ok(Some((value.to_vec(), f))),
+                None => Ok(Some((value.to_vec(), seen))),
+            }
+        }))
+    }
+
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.inner.register_change(name, move |old| {
+            let seen = old.map_or(0, |(_, f)| f);
+            Ok((seen == expected).then(|| (value.to_vec(), expected + 1)))
+        }))
+    }
+
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
+        Box::pin(async move {
+            let mut after = None;
+            let changed = self
+                .inner
+                .register_change(name, |old| {
+                    let Some((v, f)) = old else { return Ok(None) };
+                    let n = crate::fence::parse_i64(name, v)?;
+                    if n < by {
+                        after = None;
+                        return Ok(None);
+                    }
+                    after = Some(n - by);
+                    Ok(Some(((n - by).to_string().into_bytes(), f)))
+                })
+                .await?;
+            Ok(if changed { after } else { None })
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.keeper.abort();
+            let ids: Vec<String> = lock(&self.inner.keys).keys().cloned().collect();
+            for id in ids {
+                self.inner.end(&id).await;
+            }
+            let lease = self.inner.session.lease.swap(0, Ordering::AcqRel);
+            if lease != 0 {
+                let mut etcd = self.inner.etcd.clone();
+                let _ = etcd.lease_revoke(lease).await;
+            }
+        })
+    }
+}
+
+impl Inner {
+    fn register_key(name: &LockName) -> Vec<u8> {
+        format!("{REGISTER_PREFIX}{}", name.as_str()).into_bytes()
+    }
+
+    /// The register's value, fence and mod revision.
+    async fn register_get(&self, name: &LockName) -> Result<Option<(Vec<u8>, u64, i64)>> {
+        let mut etcd = self.etcd.clone();
+        let got = etcd
+            .get(Self::register_key(name), None)
+            .await
+            .map_err(|e| self.err(e))?;
+        let Some(kv) = got.kvs().first() else {
+            return Ok(None);
+        };
+        let raw = kv.value();
+        let parsed = raw
+            .get(..20)
+            .and_then(|f| std::str::from_utf8(f).ok()?.parse::<u64>().ok())
+            .filter(|_| raw.get(20) == Some(&b':'));
+        let Some(fence) = parsed else {
+            return Err(Error::protocol(format!(
+                "etcd key {:?} is not a fenced register (20 digits of fence, ':', value)",
+                String::from_utf8_lossy(&Self::register_key(name))
+            )));
+        };
+        Ok(Some((raw[21..].to_vec(), fence, kv.mod_revision())))
+    }
+
+    /// Read, decide, write if unchanged since the read; again on a race.
+    /// `decide` returns the new value and fence, or `None` to refuse.
+    async fn register_change<F>(&self, name: &LockName, mut decide: F) -> Result<bool>
+    where
+        F: FnMut(Option<(&[u8], u64)>) -> Result<Option<(Vec<u8>, u64)>>,
+    {
+        let key = Self::register_key(name);
+        for _ in 0..100 {
+            let old = self.register_get(name).await?;
+            let Some((value, fence)) = decide(old.as_ref().map(|(v, f, _)| (v.as_slice(), *f)))?
+            else {
+                return Ok(false);
+            };
+            let mut raw = format!("{fence:020}:").into_bytes();
+            raw.extend_from_slice(&value);
+            let seen = old.as_ref().map_or(0, |(_, _, m)| *m);
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, seen)])
+                .and_then([TxnOp::put(key.clone(), raw, None)]);
+            let mut etcd = self.etcd.clone();
+            if etcd.txn(txn).await.map_err(|e| self.err(e))?.succeeded() {
+                return Ok(true);
+            }
+        }
+        Err(Error::unavailable(format!(
+            "etcd at {}: register {:?} changed under us 100 times in a row",
+            self.label,
+            name.as_str()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q<'a>(items: &[(&'a str, &'a [u8])]) -> Vec<(&'a [u8], Mode)> {
+        items
+            .iter()
+            .map(|(k, v)| (k.as_bytes(), mode_of(v)))
+            .collect()
+    }
+
+    #[test]
+    fn grant_rule_is_fifo_per_mode() {
+        let q = q(&[
+            ("n/1", b"fenced:r"),
+            ("n/2", b"fenced:r"),
+            ("n/3", b""),
+            ("n/4", b"fenced:r"),
+        ]);
+        let none = |_| false;
+        assert_eq!(waits_for(&q, 0, none), Wait::Granted);
+        assert_eq!(waits_for(&q, 1, none), Wait::Granted);
+        assert_eq!(waits_for(&q, 2, none), Wait::Key(b"n/2".to_vec()));
+        assert_eq!(waits_for(&q, 3, none), Wait::Key(b"n/3".to_vec()));
+        let p = super::tests::q(&[
+            ("s/1", b"fenced:p:2:3"),
+            ("s/2", b"fenced:p:1:3"),
+            ("s/3", b"fenced:p:1:3"),
+        ]);
+        assert_eq!(waits_for(&p, 1, none), Wait::Granted);
+        assert_eq!(waits_for(&p, 2, none), Wait::Prefix);
+        // An owner's own keys never block it.
+        assert_eq!(waits_for(&q, 2, |i| i < 2), Wait::Granted);
+    }
+}
