@@ -519,12 +519,12 @@ impl Inner {
                 let id = req.hold_id.clone();
                 tokio::spawn(async move {
                     lease_runs_out(rx).await;
-                    me.end(&id).await;
+                    me.end_patiently(&id).await;
                 });
                 Ok(Outcome::Granted { token: rev as u64 })
             }
             _ if !req.will_wait => {
-                self.end(&req.hold_id).await;
+                self.end_patiently(&req.hold_id).await;
                 Ok(Outcome::Busy(Blocked {
                     ticket: None,
                     retry_after: None,
@@ -568,17 +568,14 @@ impl Inner {
     }
 
     /// Deletes the key of `hold_id` (hold or place) and forgets it; whether
-    /// the key was still there.
-    async fn end(&self, hold_id: &str) -> bool {
-        let Some(own) = lock(&self.keys).remove(hold_id) else {
-            return false;
+    /// the key was still there. On an error the key is kept, to try again.
+    async fn end(&self, hold_id: &str) -> Result<bool> {
+        let Some(own) = lock(&self.keys).get(hold_id).cloned() else {
+            return Ok(false);
         };
-        if let Some(d) = lock(&own.deadline).take() {
-            d.send_replace(Instant::now());
-        }
         let rev = own.rev.load(Ordering::Acquire);
+        let granted = lock(&own.deadline).is_some();
         let mut ops = vec![TxnOp::delete(own.key.clone(), None)];
-        let granted = rev > 0;
         if granted {
             ops.push(record_token(&own.name, rev));
         }
@@ -594,11 +591,29 @@ impl Inner {
             )])
             .and_then(ops);
         let mut etcd = self.etcd.clone();
-        let done = etcd.txn(txn).await.map(|r| r.succeeded());
-        if done.is_ok() {
-            self.wakeups.bump(own.name.as_str());
+        let done = etcd.txn(txn).await.map_err(|e| self.err(e))?.succeeded();
+        lock(&self.keys).remove(hold_id);
+        if let Some(d) = lock(&own.deadline).take() {
+            d.send_replace(Instant::now());
         }
-        done.unwrap_or(false)
+        self.wakeups.bump(own.name.as_str());
+        Ok(done)
+    }
+
+    /// [`end`](Self::end) in the background's way: transient errors are
+    /// tried again for a while (a leader election), then left to the
+    /// session lease.
+    async fn end_patiently(&self, hold_id: &str) {
+        let mut pause = Duration::from_millis(50);
+        for _ in 0..20 {
+            match self.end(hold_id).await {
+                Err(e) if e.is_transient() => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                _ => return,
+            }
+        }
     }
 }
 
@@ -648,7 +663,7 @@ impl Backend for EtcdBackend {
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.inner.end(&hold.hold_id).await) })
+        Box::pin(self.inner.end(&hold.hold_id))
     }
 
     fn abandon<'a>(
@@ -658,7 +673,7 @@ impl Backend for EtcdBackend {
         hold_id: &'a str,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.inner.end(hold_id).await;
+            self.inner.end_patiently(hold_id).await;
             Ok(())
         })
     }
@@ -816,7 +831,7 @@ impl Backend for EtcdBackend {
             self.keeper.abort();
             let ids: Vec<String> = lock(&self.inner.keys).keys().cloned().collect();
             for id in ids {
-                self.inner.end(&id).await;
+                let _ = self.inner.end(&id).await;
             }
             let lease = self.inner.session.lease.swap(0, Ordering::AcqRel);
             if lease != 0 {

@@ -1,0 +1,244 @@
+//! etcd beyond the conformance suite: interop with `etcdctl lock`, the
+//! cluster leader killed under a held lock, a client paused past its
+//! session lease, and bad input and faults.
+#![cfg(feature = "etcd")]
+
+use fenced::{Client, ErrorKind};
+use fenced_testkit::servers::etcd::{EtcdCluster, etcdctl};
+use fenced_testkit::{Timing, unique};
+use nix::sys::signal::Signal;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const FENCED: &str = env!("CARGO_BIN_EXE_fenced");
+
+fn etcdctl_lock(c: &EtcdCluster, name: &str, cmd: &[&str]) -> std::process::Child {
+    Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", c.endpoints()))
+        .args(["lock", name, "--"])
+        .args(cmd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run etcdctl (Debian's etcd-client)")
+}
+
+/// `etcdctl lock NAME` and fenced's mutex `NAME` are one lock, each way:
+/// fenced's key is `NAME/<lease hex>` with an empty value, a holder from
+/// either side keeps the other out, and each side's waiter gets the lock
+/// when the other lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_interop_both_ways() {
+    let t = Timing::default();
+    let c = EtcdCluster::start();
+    let client = Client::connect(&c.url()).await.unwrap();
+    let name = unique("etcdctl");
+    let lock = client.mutex(&name).unwrap();
+
+    // etcdctl holds (for as long as its command runs); fenced waits.
+    let held = etcdctl_lock(&c, &name, &["sleep", "2"]);
+    t.wait_until("etcdctl holds the lock", || async {
+        !client.status(&name).await.unwrap().is_free()
+    })
+    .await;
+    let st = client.status(&name).await.unwrap();
+    assert!(st.holders[0].owner.starts_with("etcd lease "), "{st:?}");
+    assert!(lock.try_acquire().await.unwrap().is_none(), "two holders");
+    let g = lock
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("etcdctl's release wakes the fenced waiter");
+    let out = held.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(g.fencing_token() > st.holders[0].token);
+
+    // fenced's key is etcd's mutex layout.
+    let keys = etcdctl(
+        &c.endpoints(),
+        &["get", "--prefix", "--keys-only", &format!("{name}/")],
+    )
+    .unwrap();
+    let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let hex = keys[0].strip_prefix(&format!("{name}/")).unwrap();
+    assert!(
+        !hex.is_empty()
+            && hex
+                .chars()
+                .all(|ch| ch.is_ascii_hexdigit() && !ch.is_ascii_uppercase()),
+        "{keys:?}"
+    );
+
+    // fenced holds; etcdctl waits, and gets the lock when fenced releases.
+    let waiter = etcdctl_lock(&c, &name, &["sh", "-c", "echo got $ETCD_LOCK_KEY"]);
+    t.wait_until("etcdctl queues behind fenced", || async {
+        client.status(&name).await.unwrap().waiters == 1
+    })
+    .await;
+    assert!(g.release().await.unwrap());
+    let out = tokio::task::spawn_blocking(move || waiter.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains(&format!("got {name}/")), "{said}");
+    client.close().await;
+}
+
+/// Killing the cluster leader while a lock is held: the hold survives the
+/// election (its session is kept alive through the new leader), nobody
+/// else gets in meanwhile, and the waiter gets the lock after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_held() {
+    let t = Timing::default();
+    let mut c = EtcdCluster::start_n(3);
+    let url = format!("{}?lease_ttl=3s", c.url());
+    let (a, b) = (
+        Client::connect(&url).await.unwrap(),
+        Client::connect(&url).await.unwrap(),
+    );
+    let name = unique("leader");
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .lease(t.ms(2000))
+        .acquire()
+        .await
+        .unwrap();
+    let leader = c.leader().expect("a leader");
+    c.kill(leader);
+    let lock = b.mutex(&name).unwrap();
+    // Two session TTLs: long enough for a lost session to show.
+    for _ in 0..6 {
+        tokio::time::sleep(t.ms(1000)).await;
+        let other = t
+            .until_available("etcd elects a leader", || lock.try_acquire())
+            .await;
+        assert!(other.is_none(), "two holders after the leader died");
+    }
+    assert!(g.is_held(), "the hold survives the election");
+    let waiter = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    tokio::time::sleep(t.ms(200)).await;
+    let token = g.fencing_token();
+    assert!(g.release().await.unwrap());
+    let next = waiter.await.unwrap().unwrap().expect("the waiter gets it");
+    assert!(next.fencing_token() > token);
+    assert!(next.release().await.unwrap());
+}
+
+/// A `fenced run` paused (SIGSTOP) past its session lease loses its keys
+/// on the server: another client gets the lock with a higher token, the
+/// stale token is refused by the fenced register, and when the paused
+/// process resumes it sees the loss and kills its command (exit 76).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_client_loses_its_session() {
+    let t = Timing::default();
+    let c = EtcdCluster::start();
+    let url = format!("{}?lease_ttl=2s", c.url());
+    let name = unique("paused");
+    let mut child = Command::new(FENCED)
+        .args([
+            "--backend",
+            &url,
+            "run",
+            &name,
+            "--lease",
+            "30s",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let b = Client::connect(&url).await.unwrap();
+    t.wait_until("the child holds the lock", || async {
+        !b.status(&name).await.unwrap().is_free()
+    })
+    .await;
+    let stale = b.status(&name).await.unwrap().holders[0].token;
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, Signal::SIGSTOP).unwrap();
+    let g = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("the paused holder's session ends");
+    assert!(g.fencing_token() > stale);
+    let reg = b.register(&format!("{name}:data")).unwrap();
+    reg.write(&g, "new").await.unwrap();
+    let e = reg.write_with_token(stale, "late").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StaleToken);
+    nix::sys::signal::kill(pid, Signal::SIGCONT).unwrap();
+    let code = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        code.code(),
+        Some(76),
+        "the resumed holder must see the loss"
+    );
+    assert!(g.is_held());
+    assert!(g.release().await.unwrap());
+}
+
+/// Bad names, an unreachable cluster and wrong credentials: clear errors,
+/// nothing held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_and_faults() {
+    let c = EtcdCluster::start();
+    let client = Client::connect(&c.url()).await.unwrap();
+    let e = client
+        .mutex("jobs/")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains("ends with '/'"), "{e}");
+    assert!(client.mutex("").is_err());
+    for bad in [
+        "?lease_ttl=0s",
+        "?lease_ttl=500ms",
+        "?bogus=1",
+        "/some/path",
+    ] {
+        let e = Client::connect(&format!("{}{bad}", c.url()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{bad}: {e}");
+    }
+    let port = fenced_testkit::servers::free_port();
+    let e = Client::connect(&format!("etcd://127.0.0.1:{port}?timeout=1s"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains(&port.to_string()), "{e}");
+
+    // Authentication on: a wrong password is refused, the right one works.
+    let ep = c.endpoints();
+    etcdctl(&ep, &["user", "add", "root:rootpw"]).expect("add root");
+    etcdctl(&ep, &["auth", "enable"]).expect("enable auth");
+    let host = ep.split(',').next().unwrap();
+    let e = Client::connect(&format!("etcd://root:wrong@{host}"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(!e.to_string().contains("wrong"), "the password leaked: {e}");
+    let ok = Client::connect(&format!("etcd://root:rootpw@{host}"))
+        .await
+        .unwrap();
+    let g = ok.mutex("authed").unwrap().acquire().await.unwrap();
+    assert!(g.release().await.unwrap());
+    ok.close().await;
+}
