@@ -242,3 +242,93 @@ async fn bad_input_and_faults() {
     assert!(g.release().await.unwrap());
     ok.close().await;
 }
+
+/// Elections are `concurrency.Election`'s layout: `etcdctl elect -l`
+/// observes fenced's leader and its proclaimed value, an `etcdctl elect`
+/// candidate leads after fenced resigns, and fenced observes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_elect_interop() {
+    use std::io::{BufRead, BufReader};
+    let t = Timing::default();
+    let c = EtcdCluster::start();
+    let client = Client::connect(&c.url()).await.unwrap();
+    let name = unique("elect");
+    let election = client.election(&name).unwrap();
+    let leading = election.campaign("fenced-a").await.unwrap();
+
+    let first_lines = |args: &[&str], n: usize| {
+        let mut child = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", c.endpoints()))
+            .arg("elect")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run etcdctl");
+        let out = child.stdout.take().unwrap();
+        let lines: Vec<String> = BufReader::new(out)
+            .lines()
+            .take(n)
+            .map(|l| l.unwrap())
+            .collect();
+        (child, lines)
+    };
+    let (mut observer, seen) = first_lines(&["-l", &name], 2);
+    let _ = observer.kill();
+    let _ = observer.wait();
+    assert!(seen[0].starts_with(&format!("{name}/")), "{seen:?}");
+    assert_eq!(seen[1], "fenced-a");
+
+    let name2 = name.clone();
+    let endpoints = c.endpoints();
+    let candidate = std::thread::spawn(move || {
+        let mut child = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoints}"))
+            .args(["elect", &name2, "etcdctl-b"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run etcdctl");
+        let out = child.stdout.take().unwrap();
+        let lines: Vec<String> = BufReader::new(out)
+            .lines()
+            .take(2)
+            .map(|l| l.unwrap())
+            .collect();
+        (child, lines)
+    });
+    t.wait_until("etcdctl campaigns", || async {
+        client.status(&name).await.unwrap().waiters == 1
+    })
+    .await;
+    assert!(leading.resign().await.unwrap());
+    let (mut child, lines) = tokio::task::spawn_blocking(move || candidate.join().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        lines.get(1).map(String::as_str),
+        Some("etcdctl-b"),
+        "{lines:?}"
+    );
+    let leader = election.leader().await.unwrap().expect("etcdctl leads");
+    assert_eq!(leader.value, b"etcdctl-b");
+    assert!(
+        election.try_campaign("fenced-c").await.unwrap().is_none(),
+        "one leader"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGINT,
+    )
+    .unwrap();
+    let _ = child.wait();
+    let next = election
+        .campaign_timeout("fenced-c", t.eventually())
+        .await
+        .unwrap()
+        .expect("etcdctl resigned on SIGINT");
+    assert!(next.guard().fencing_token() > leader.token);
+    assert!(next.resign().await.unwrap());
+}

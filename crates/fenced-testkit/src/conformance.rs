@@ -457,8 +457,9 @@ pub async fn leader_election_hands_over(fx: &Fixture) {
     tokio::time::sleep(t.ms(50)).await;
     assert!(!waiting.is_finished());
     let old_token = first.guard().fencing_token();
-    let stale = a.register(&format!("{name}:leader")).unwrap();
-    assert!(first.resign().await.unwrap());
+    // Leadership taken away (an operator breaks the lock): the waiting
+    // candidate leads, and the old leader can no longer proclaim.
+    assert_eq!(c.mutex(&name).unwrap().force_unlock().await.unwrap(), 1);
     let second = timeout(t.eventually(), waiting)
         .await
         .expect("the waiting candidate leads next")
@@ -467,11 +468,17 @@ pub async fn leader_election_hands_over(fx: &Fixture) {
     assert!(second.guard().fencing_token() > old_token);
     let seen = c.election(&name).unwrap().leader().await.unwrap().unwrap();
     assert_eq!(seen.value, b"b");
-    let e = stale
-        .write_with_token(old_token, b"a again")
-        .await
-        .unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::StaleToken);
+    let e = first.proclaim("a again").await.unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::StaleToken | ErrorKind::Lost),
+        "{e}"
+    );
+    let seen = c.election(&name).unwrap().leader().await.unwrap().unwrap();
+    assert_eq!(seen.value, b"b");
+    assert!(
+        !first.resign().await.unwrap(),
+        "the old leader no longer led"
+    );
     assert!(second.resign().await.unwrap());
     assert!(c.election(&name).unwrap().leader().await.unwrap().is_none());
 }

@@ -90,6 +90,10 @@ impl Election {
     /// The current leader, if one leads and has proclaimed its value
     /// (between a new leader's grant and its proclamation there is none).
     pub async fn leader(&self) -> Result<Option<Leader>> {
+        let backend = &self.lock.client.inner.backend;
+        if let Some(native) = backend.leader(&self.lock.name).await? {
+            return Ok(native.map(|(value, token)| Leader { value, token }));
+        }
         let status = self.lock.status().await?;
         let Some(holder) = status.holders.first() else {
             return Ok(None);
@@ -117,7 +121,23 @@ impl Leadership {
     /// Publishes a new value for observers, under this leadership's token
     /// (refused with `StaleToken` if a newer leader has proclaimed).
     pub async fn proclaim(&self, value: impl AsRef<[u8]>) -> Result<()> {
-        self.value.write(&self.guard, value).await
+        let g = &self.guard;
+        let native = g
+            .backend()
+            .proclaim(g.hold_ref(), g.fencing_token(), value.as_ref())
+            .await?;
+        match native {
+            None => self.value.write(g, value).await,
+            Some(true) => Ok(()),
+            Some(false) => Err(crate::error::Error::new(
+                crate::error::ErrorKind::Lost,
+                format!(
+                    "cannot proclaim on {:?}: this leadership (token {}) has ended",
+                    self.value.name(),
+                    g.fencing_token()
+                ),
+            )),
+        }
     }
 
     /// The guard of the leadership: token, `is_held`, `lost`.

@@ -48,6 +48,14 @@ impl Guard {
         self.hold.mode
     }
 
+    pub(crate) fn hold_ref(&self) -> &crate::backend::HoldRef {
+        &self.hold.r
+    }
+
+    pub(crate) fn backend(&self) -> &std::sync::Arc<dyn crate::backend::Backend> {
+        &self.client.backend
+    }
+
     /// The fencing token of this grant: greater than every token issued
     /// before for this name on this backend. Nested guards of one owner
     /// share their first grant's token.

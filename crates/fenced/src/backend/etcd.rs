@@ -30,6 +30,12 @@
 //! - **Fencing token**: the create revision of the hold's key, which etcd
 //!   raises on every write to the cluster. The highest token of a released
 //!   hold is kept at `fenced.token/N` (20 decimal digits) for `status`.
+//! - **Elections** are `concurrency.Election`'s layout, which is the
+//!   mutex's: the leader is the key with the lowest create revision under
+//!   `N/`, and it proclaims by writing its value into that key, guarded by
+//!   its create revision (`etcdctl elect` campaigns and observes it). The
+//!   values `fenced:r` and `fenced:p:…` are reserved for read and permit
+//!   keys.
 //! - **Fenced registers** are `fenced.register/N`: 20 digits of fence, `:`,
 //!   the value; written by compare-and-set on the key's mod revision.
 //!
@@ -38,17 +44,16 @@
 //! dies frees its holds when its session lease ends.
 
 use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Ticket, lease_runs_out, lock,
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, NativeLeader,
+    Outcome, RegisterValue, Ticket, lease_runs_out, lock,
 };
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::url::Endpoints;
 use etcd_client::{
-    Client as Etcd, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
-    KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
-    WatchOptions,
+    Client as Etcd, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -456,6 +461,19 @@ impl Inner {
         own
     }
 
+    /// Which keys of a prefix listing (sorted by create revision) hold.
+    fn grants(&self, kvs: &[KeyValue]) -> Vec<bool> {
+        let q = queue(kvs);
+        let owners: Vec<Option<String>> = kvs.iter().map(|kv| self.owner_of(kv.key())).collect();
+        (0..kvs.len())
+            .map(|i| {
+                waits_for(&q, i, |j| {
+                    j != i && owners[j].is_some() && owners[j] == owners[i]
+                }) == Wait::Granted
+            })
+            .collect()
+    }
+
     fn owner_of(&self, key: &[u8]) -> Option<String> {
         lock(&self.keys)
             .values()
@@ -696,11 +714,7 @@ impl Backend for EtcdBackend {
                 kvs.iter().map(|kv| inner.owner_of(kv.key())).collect();
             let mut holders = Vec::new();
             let mut waiters = 0;
-            let q = queue(&kvs);
-            for (i, kv) in kvs.iter().enumerate() {
-                let granted = waits_for(&q, i, |j| {
-                    j != i && owners[j].is_some() && owners[j] == owners[i]
-                }) == Wait::Granted;
+            for ((i, kv), granted) in kvs.iter().enumerate().zip(inner.grants(&kvs)) {
                 if !granted {
                     waiters += 1;
                     continue;
@@ -740,33 +754,87 @@ impl Backend for EtcdBackend {
             let mut etcd = inner.etcd.clone();
             let got = etcd
                 .get(
-                    prefix.clone(),
-                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                    prefix,
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend),
+                    ),
                 )
                 .await
                 .map_err(|e| inner.err(e))?;
-            let top = got.kvs().iter().map(|kv| kv.create_revision()).max();
-            let mut ops = vec![TxnOp::delete(
-                prefix,
-                Some(DeleteOptions::new().with_prefix()),
-            )];
-            if let Some(t) = top {
-                ops.push(record_token(name, t));
-            }
-            let r = etcd
-                .txn(Txn::new().and_then(ops))
+            let kvs = got.kvs();
+            // The holders only: waiters keep their places.
+            let holders: Vec<&KeyValue> = kvs
+                .iter()
+                .zip(inner.grants(kvs))
+                .filter_map(|(kv, granted)| granted.then_some(kv))
+                .collect();
+            let Some(top) = holders.iter().map(|kv| kv.create_revision()).max() else {
+                return Ok(0);
+            };
+            let mut ops: Vec<TxnOp> = holders
+                .iter()
+                .map(|kv| TxnOp::delete(kv.key().to_vec(), None))
+                .collect();
+            ops.push(record_token(name, top));
+            etcd.txn(Txn::new().and_then(ops))
                 .await
                 .map_err(|e| inner.err(e))?;
             inner.wakeups.bump(name.as_str());
-            let deleted = r
-                .op_responses()
-                .into_iter()
-                .find_map(|o| match o {
-                    TxnOpResponse::Delete(d) => Some(d.deleted()),
-                    _ => None,
-                })
-                .unwrap_or(0);
-            Ok(deleted as usize)
+            Ok(holders.len())
+        })
+    }
+
+    fn proclaim<'a>(
+        &'a self,
+        hold: &'a HoldRef,
+        token: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<Option<bool>>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let Some(own) = lock(&inner.keys).get(&hold.hold_id).cloned() else {
+                return Ok(Some(false));
+            };
+            // concurrency.Election's proclaim: the leader's own key, while
+            // its create revision is still the leadership's.
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    own.key.clone(),
+                    CompareOp::Equal,
+                    token as i64,
+                )])
+                .and_then([TxnOp::put(
+                    own.key.clone(),
+                    value.to_vec(),
+                    Some(PutOptions::new().with_lease(own.lease)),
+                )]);
+            let mut etcd = inner.etcd.clone();
+            let r = etcd.txn(txn).await.map_err(|e| inner.err(e))?;
+            Ok(Some(r.succeeded()))
+        })
+    }
+
+    fn leader<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<NativeLeader>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let mut etcd = inner.etcd.clone();
+            let got = etcd
+                .get(
+                    prefix_of(name)?,
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend)
+                            .with_limit(1),
+                    ),
+                )
+                .await
+                .map_err(|e| inner.err(e))?;
+            Ok(Some(got.kvs().first().map(|kv| {
+                (kv.value().to_vec(), kv.create_revision() as u64)
+            })))
         })
     }
 

@@ -101,6 +101,10 @@ impl<T> IdleSessions<T> {
     }
 }
 
+/// A backend's own election layout's answer: `None` when it has none,
+/// `Some(None)` when nobody leads, else the leader's value and token.
+pub(crate) type NativeLeader = Option<Option<(Vec<u8>, u64)>>;
+
 /// A fenced register's value and the highest fence it has seen.
 pub(crate) type RegisterValue = Option<(Vec<u8>, u64)>;
 
@@ -327,6 +331,26 @@ pub(crate) trait Backend: Send + Sync + 'static {
         expected: u64,
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Publishes an election leader's value where the backend's own
+    /// election layout keeps it (etcd: in the leader's key), if the hold
+    /// with `token` still holds: `Some(false)` if it does not, `None` if
+    /// the backend has no such layout (the value then goes to a fenced
+    /// register beside the lock).
+    fn proclaim<'a>(
+        &'a self,
+        _hold: &'a HoldRef,
+        _token: u64,
+        _value: &'a [u8],
+    ) -> BoxFuture<'a, Result<Option<bool>>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    /// The leader's value and token in the backend's own election layout:
+    /// `Some(None)` when nobody leads, `None` if the backend has none.
+    fn leader<'a>(&'a self, _name: &'a LockName) -> BoxFuture<'a, Result<NativeLeader>> {
+        Box::pin(async { Ok(None) })
+    }
 
     /// Atomically subtracts `by` from the register's integer value if the
     /// result stays ≥ 0; the new value, or `None` if it would go negative.
