@@ -105,6 +105,13 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     let url = client.url().to_owned();
     let scheme = url.split(':').next().unwrap_or("").to_owned();
     let report = Report { json: args.json };
+    #[cfg(feature = "etcd")]
+    if let Some((rate, cmd)) = etcd_limit(&url).await? {
+        report.row(
+            json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
+                          "ops_per_sec": rate}),
+        );
+    }
     if let Some((rate, cmd)) = sql_limit(&url).await? {
         report.row(
             json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
@@ -554,4 +561,32 @@ async fn sql_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
     }
     let rate = f64::from(n) / started.elapsed().as_secs_f64();
     Ok(Some((rate, format!("{n} x {sql}"))))
+}
+
+/// etcd's own cost of a lock's writes: a raw loop of put-with-lease +
+/// delete of one key on one connection (pairs/s; an acquire + release is
+/// one of each), or `None` for other backends.
+#[cfg(feature = "etcd")]
+async fn etcd_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
+    let Some(rest) = url.strip_prefix("etcd://") else {
+        return Ok(None);
+    };
+    let hosts = rest.split(['?', '/']).next().unwrap_or("");
+    let endpoints: Vec<String> = hosts.split(',').map(|h| format!("http://{h}")).collect();
+    let mut c = etcd_client::Client::connect(&endpoints, None).await?;
+    let lease = c.lease_grant(30, None).await?.id();
+    let n = 2000u32;
+    let key = "bench:limit/raw";
+    let started = Instant::now();
+    for _ in 0..n {
+        let opts = etcd_client::PutOptions::new().with_lease(lease);
+        c.put(key, "", Some(opts)).await?;
+        c.delete(key, None).await?;
+    }
+    let rate = f64::from(n) / started.elapsed().as_secs_f64();
+    let _ = c.lease_revoke(lease).await;
+    Ok(Some((
+        rate,
+        format!("{n} x (put {key} with a lease; delete {key})"),
+    )))
 }
