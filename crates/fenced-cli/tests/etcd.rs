@@ -12,16 +12,35 @@ use std::time::Duration;
 
 const FENCED: &str = env!("CARGO_BIN_EXE_fenced");
 
-fn etcdctl_lock(c: &EtcdCluster, name: &str, cmd: &[&str]) -> std::process::Child {
+/// `etcdctl ARGS...` against `endpoints`, running, with stdout piped.
+fn etcdctl_spawn(endpoints: &str, args: &[&str]) -> std::process::Child {
     Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", c.endpoints()))
-        .args(["lock", name, "--"])
-        .args(cmd)
+        .arg(format!("--endpoints={endpoints}"))
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("run etcdctl (Debian's etcd-client)")
+}
+
+fn etcdctl_lock(c: &EtcdCluster, name: &str, cmd: &[&str]) -> std::process::Child {
+    let mut args = vec!["lock", name, "--"];
+    args.extend_from_slice(cmd);
+    etcdctl_spawn(&c.endpoints(), &args)
+}
+
+/// The first `n` lines `etcdctl ARGS...` prints, and the still running process.
+fn etcdctl_lines(endpoints: &str, args: &[&str], n: usize) -> (std::process::Child, Vec<String>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = etcdctl_spawn(endpoints, args);
+    let out = child.stdout.take().expect("piped");
+    let lines = BufReader::new(out)
+        .lines()
+        .take(n)
+        .map(|l| l.expect("etcdctl's output"))
+        .collect();
+    (child, lines)
 }
 
 /// `etcdctl lock NAME` and fenced's mutex `NAME` are one lock, each way:
@@ -248,7 +267,6 @@ async fn bad_input_and_faults() {
 /// candidate leads after fenced resigns, and fenced observes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_elect_interop() {
-    use std::io::{BufRead, BufReader};
     let t = Timing::default();
     let c = EtcdCluster::start();
     let client = Client::connect(&c.url()).await.unwrap();
@@ -256,25 +274,7 @@ async fn etcdctl_elect_interop() {
     let election = client.election(&name).unwrap();
     let leading = election.campaign("fenced-a").await.unwrap();
 
-    let first_lines = |args: &[&str], n: usize| {
-        let mut child = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", c.endpoints()))
-            .arg("elect")
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run etcdctl");
-        let out = child.stdout.take().unwrap();
-        let lines: Vec<String> = BufReader::new(out)
-            .lines()
-            .take(n)
-            .map(|l| l.unwrap())
-            .collect();
-        (child, lines)
-    };
-    let (mut observer, seen) = first_lines(&["-l", &name], 2);
+    let (mut observer, seen) = etcdctl_lines(&c.endpoints(), &["elect", "-l", &name], 2);
     let _ = observer.kill();
     let _ = observer.wait();
     assert!(seen[0].starts_with(&format!("{name}/")), "{seen:?}");
@@ -282,23 +282,8 @@ async fn etcdctl_elect_interop() {
 
     let name2 = name.clone();
     let endpoints = c.endpoints();
-    let candidate = std::thread::spawn(move || {
-        let mut child = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={endpoints}"))
-            .args(["elect", &name2, "etcdctl-b"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run etcdctl");
-        let out = child.stdout.take().unwrap();
-        let lines: Vec<String> = BufReader::new(out)
-            .lines()
-            .take(2)
-            .map(|l| l.unwrap())
-            .collect();
-        (child, lines)
-    });
+    let candidate =
+        std::thread::spawn(move || etcdctl_lines(&endpoints, &["elect", &name2, "etcdctl-b"], 2));
     t.wait_until("etcdctl campaigns", || async {
         client.status(&name).await.unwrap().waiters == 1
     })
