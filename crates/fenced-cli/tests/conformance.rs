@@ -76,3 +76,16 @@ fenced_testkit::conformance_suite!(
     etcd_cluster,
     fenced_testkit::Fixture::etcd(env!("CARGO_BIN_EXE_fenced"), 3)
 );
+
+#[cfg(feature = "zookeeper")]
+fenced_testkit::conformance_suite!(
+    zookeeper,
+    fenced_testkit::Fixture::zookeeper(env!("CARGO_BIN_EXE_fenced"), 1),
+    processes
+);
+
+#[cfg(feature = "zookeeper")]
+fenced_testkit::conformance_suite!(
+    zookeeper_ensemble,
+    fenced_testkit::Fixture::zookeeper(env!("CARGO_BIN_EXE_fenced"), 3)
+);

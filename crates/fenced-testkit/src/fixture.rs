@@ -116,6 +116,18 @@ impl Fixture {
         )
     }
 
+    /// A fresh ZooKeeper of `nodes` nodes (1: standalone), with a short
+    /// session timeout so a killed holder's nodes go within the suite's
+    /// patience.
+    pub fn zookeeper(fenced_bin: impl Into<PathBuf>, nodes: usize) -> Self {
+        let z = crate::servers::zookeeper::ZkEnsemble::start_n(nodes);
+        Fixture::new(
+            format!("{}?session_timeout=3s", z.url()),
+            Some(fenced_bin.into()),
+            vec![Box::new(z)],
+        )
+    }
+
     /// Any URL, keeping `keep` alive as long as the fixture.
     pub fn new(
         url: String,

@@ -50,6 +50,8 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
         "mysql" | "mariadb" => crate::backend::mysql::MySqlBackend::open(url).await,
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => crate::backend::postgres::PgBackend::open(url).await,
+        #[cfg(feature = "zookeeper")]
+        "zk" => crate::backend::zk::ZkBackend::open(url).await,
         #[cfg(feature = "etcd")]
         "etcd" => crate::backend::etcd::EtcdBackend::open(url).await,
         #[cfg(feature = "redis")]
@@ -79,6 +81,7 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
                         .filter(|_| cfg!(feature = "mysql")),
                 )
                 .chain(cfg!(feature = "etcd").then_some("etcd"))
+                .chain(cfg!(feature = "zookeeper").then_some("zk"))
                 .collect();
             match PLANNED
                 .iter()
@@ -143,7 +146,10 @@ pub(crate) fn default_url() -> Result<String> {
 /// `zk://h1,h2/chroot`), which `url::Url` does not parse. Written by hand
 /// for that reason; user info and query are decoded with the `url` crate's
 /// helpers.
-#[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
+    allow(dead_code)
+)]
 pub(crate) struct Endpoints {
     pub(crate) scheme: String,
     /// The user info exactly as written (still percent-encoded).
@@ -158,7 +164,10 @@ pub(crate) struct Endpoints {
     redacted: String,
 }
 
-#[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
+    allow(dead_code)
+)]
 impl Endpoints {
     pub(crate) fn parse(url: &str, default_port: u16) -> Result<Endpoints> {
         let redacted = redact_userinfo(url);

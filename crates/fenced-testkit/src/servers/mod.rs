@@ -9,6 +9,7 @@ pub mod etcd;
 pub mod mariadb;
 pub mod postgres;
 pub mod redis;
+pub mod zookeeper;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

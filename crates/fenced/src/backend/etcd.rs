@@ -43,6 +43,7 @@
 //! hold whose lease ends without a renewal deletes its key); a client that
 //! dies frees its holds when its session lease ends.
 
+use super::queue::{Wait, decode_register, grants, register_cas, waits_for};
 use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, NativeLeader,
     Outcome, RegisterValue, Ticket, lease_runs_out, lock,
@@ -89,48 +90,6 @@ fn value_of(mode: Mode) -> Vec<u8> {
         Mode::Exclusive => Vec::new(),
         Mode::Shared => b"fenced:r".to_vec(),
         Mode::Permits { take, max } => format!("fenced:p:{take}:{max}").into_bytes(),
-    }
-}
-
-/// What a queued key waits for.
-#[derive(Debug, PartialEq, Eq)]
-enum Wait {
-    Granted,
-    /// The deletion of this key.
-    Key(Vec<u8>),
-    /// Any deletion under the prefix (a semaphore waits for permits).
-    Prefix,
-}
-
-/// The grant rule over a queue sorted by create revision: what the key at
-/// `me` waits for. `own(i)` is true for keys of the same owner, which never
-/// block it.
-fn waits_for(q: &[(&[u8], Mode)], me: usize, own: impl Fn(usize) -> bool) -> Wait {
-    let ahead = (0..me).filter(|&i| !own(i));
-    match q[me].1 {
-        Mode::Exclusive => match ahead.last() {
-            Some(i) => Wait::Key(q[i].0.to_vec()),
-            None => Wait::Granted,
-        },
-        Mode::Shared => match ahead.filter(|&i| q[i].1 != Mode::Shared).last() {
-            Some(i) => Wait::Key(q[i].0.to_vec()),
-            None => Wait::Granted,
-        },
-        Mode::Permits { take, max } => {
-            let mut used = u64::from(take);
-            for (i, (key, mode)) in q[..me].iter().enumerate() {
-                match mode {
-                    Mode::Permits { take, .. } => used += u64::from(*take),
-                    _ if own(i) => {}
-                    _ => return Wait::Key(key.to_vec()),
-                }
-            }
-            if used <= u64::from(max) {
-                Wait::Granted
-            } else {
-                Wait::Prefix
-            }
-        }
     }
 }
 
@@ -463,15 +422,8 @@ impl Inner {
 
     /// Which keys of a prefix listing (sorted by create revision) hold.
     fn grants(&self, kvs: &[KeyValue]) -> Vec<bool> {
-        let q = queue(kvs);
         let owners: Vec<Option<String>> = kvs.iter().map(|kv| self.owner_of(kv.key())).collect();
-        (0..kvs.len())
-            .map(|i| {
-                waits_for(&q, i, |j| {
-                    j != i && owners[j].is_some() && owners[j] == owners[i]
-                }) == Wait::Granted
-            })
-            .collect()
+        grants(&queue(kvs), &owners)
     }
 
     fn owner_of(&self, key: &[u8]) -> Option<String> {
@@ -925,84 +877,27 @@ impl Inner {
         let Some(kv) = got.kvs().first() else {
             return Ok(None);
         };
-        let raw = kv.value();
-        let parsed = raw
-            .get(..20)
-            .and_then(|f| std::str::from_utf8(f).ok()?.parse::<u64>().ok())
-            .filter(|_| raw.get(20) == Some(&b':'));
-        let Some(fence) = parsed else {
-            return Err(Error::protocol(format!(
-                "etcd key {:?} is not a fenced register (20 digits of fence, ':', value)",
-                String::from_utf8_lossy(&Self::register_key(name))
-            )));
-        };
-        Ok(Some((raw[21..].to_vec(), fence, kv.mod_revision())))
+        let (value, fence) = decode_register(name, kv.value())?;
+        Ok(Some((value, fence, kv.mod_revision())))
     }
 
-    /// Read, decide, write if unchanged since the read; again on a race.
-    /// `decide` returns the new value and fence, or `None` to refuse.
-    async fn register_change<F>(&self, name: &LockName, mut decide: F) -> Result<bool>
+    /// Changes the register by compare-and-set on its mod revision.
+    async fn register_change<F>(&self, name: &LockName, decide: F) -> Result<bool>
     where
         F: FnMut(Option<(&[u8], u64)>) -> Result<Option<(Vec<u8>, u64)>>,
     {
         let key = Self::register_key(name);
-        for _ in 0..100 {
-            let old = self.register_get(name).await?;
-            let Some((value, fence)) = decide(old.as_ref().map(|(v, f, _)| (v.as_slice(), *f)))?
-            else {
-                return Ok(false);
-            };
-            let mut raw = format!("{fence:020}:").into_bytes();
-            raw.extend_from_slice(&value);
-            let seen = old.as_ref().map_or(0, |(_, _, m)| *m);
+        let write = |seen: Option<i64>, raw: Vec<u8>| {
             let txn = Txn::new()
-                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, seen)])
+                .when([Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    seen.unwrap_or(0),
+                )])
                 .and_then([TxnOp::put(key.clone(), raw, None)]);
             let mut etcd = self.etcd.clone();
-            if etcd.txn(txn).await.map_err(|e| self.err(e))?.succeeded() {
-                return Ok(true);
-            }
-        }
-        Err(Error::unavailable(format!(
-            "etcd at {}: register {:?} changed under us 100 times in a row",
-            self.label,
-            name.as_str()
-        )))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn q<'a>(items: &[(&'a str, &'a [u8])]) -> Vec<(&'a [u8], Mode)> {
-        items
-            .iter()
-            .map(|(k, v)| (k.as_bytes(), mode_of(v)))
-            .collect()
-    }
-
-    #[test]
-    fn grant_rule_is_fifo_per_mode() {
-        let q = q(&[
-            ("n/1", b"fenced:r"),
-            ("n/2", b"fenced:r"),
-            ("n/3", b""),
-            ("n/4", b"fenced:r"),
-        ]);
-        let none = |_| false;
-        assert_eq!(waits_for(&q, 0, none), Wait::Granted);
-        assert_eq!(waits_for(&q, 1, none), Wait::Granted);
-        assert_eq!(waits_for(&q, 2, none), Wait::Key(b"n/2".to_vec()));
-        assert_eq!(waits_for(&q, 3, none), Wait::Key(b"n/3".to_vec()));
-        let p = super::tests::q(&[
-            ("s/1", b"fenced:p:2:3"),
-            ("s/2", b"fenced:p:1:3"),
-            ("s/3", b"fenced:p:1:3"),
-        ]);
-        assert_eq!(waits_for(&p, 1, none), Wait::Granted);
-        assert_eq!(waits_for(&p, 2, none), Wait::Prefix);
-        // An owner's own keys never block it.
-        assert_eq!(waits_for(&q, 2, |i| i < 2), Wait::Granted);
+            async move { Ok(etcd.txn(txn).await.map_err(|e| self.err(e))?.succeeded()) }
+        };
+        register_cas(name, || self.register_get(name), write, decide).await
     }
 }

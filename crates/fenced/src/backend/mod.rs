@@ -27,10 +27,14 @@ pub(crate) mod mysql_advisory;
 pub(crate) mod pg_advisory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) mod queue;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+#[cfg(feature = "zookeeper")]
+pub(crate) mod zk;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -41,7 +45,8 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
         feature = "redis",
         feature = "postgres",
         feature = "mysql",
-        feature = "etcd"
+        feature = "etcd",
+        feature = "zookeeper"
     )),
     allow(dead_code)
 )]
@@ -53,7 +58,12 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// and a sender set to now (or dropped) ends the wait at once. The lease
 /// of a session-held lock, which the server does not time out itself.
 #[cfg_attr(
-    not(any(feature = "postgres", feature = "mysql", feature = "etcd")),
+    not(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "etcd",
+        feature = "zookeeper"
+    )),
     allow(dead_code)
 )]
 pub(crate) async fn lease_runs_out(mut rx: tokio::sync::watch::Receiver<tokio::time::Instant>) {
