@@ -176,7 +176,7 @@ fn map_err(label: &str, e: zk::Error) -> Error {
 impl ZkBackend {
     pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
         let mut ep = Endpoints::parse(url, DEFAULT_PORT)?;
-        let label = ep.redacted().to_owned();
+        let label = redact_digest(ep.redacted());
         let session_timeout = ep
             .take_duration("session_timeout")?
             .unwrap_or(DEFAULT_SESSION);
@@ -238,6 +238,18 @@ impl ZkBackend {
         let monitor = tokio::spawn(monitor(inner.clone()));
         Ok(Arc::new(ZkBackend { inner, monitor }))
     }
+}
+
+/// The URL for messages: the digest's password replaced by `***`.
+fn redact_digest(url: &str) -> String {
+    let Some(at) = url.find("digest=") else {
+        return url.to_owned();
+    };
+    let value_end = url[at..].find('&').map_or(url.len(), |e| at + e);
+    let user_end = url[at..value_end]
+        .find(':')
+        .map_or(value_end, |c| at + c + 1);
+    format!("{}***{}", &url[..user_end], &url[value_end..])
 }
 
 /// Opens a new session when the current one ends, and wakes every waiter.
@@ -838,6 +850,16 @@ impl Backend for ZkBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digests_are_redacted() {
+        assert_eq!(
+            redact_digest("zk://h?digest=al:pw&x=1"),
+            "zk://h?digest=al:***&x=1"
+        );
+        assert_eq!(redact_digest("zk://h?digest=al:pw"), "zk://h?digest=al:***");
+        assert_eq!(redact_digest("zk://h"), "zk://h");
+    }
 
     #[test]
     fn child_names_are_curators() {

@@ -1,0 +1,280 @@
+//! ZooKeeper beyond the conformance suite: interop with Apache Curator's
+//! `InterProcessMutex` (Debian's libcurator-recipes-java), the ensemble
+//! leader killed under a held lock, a client paused past its session
+//! timeout, digest ACLs, and bad input and faults.
+#![cfg(feature = "zookeeper")]
+
+use fenced::{Client, ErrorKind};
+use fenced_testkit::servers::zookeeper::ZkEnsemble;
+use fenced_testkit::{Timing, unique};
+use nix::sys::signal::Signal;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+const FENCED: &str = env!("CARGO_BIN_EXE_fenced");
+
+/// Curator's mutex on `path`, holding it `hold_ms` once it has it.
+fn curator(connect: &str, path: &str, hold_ms: u64) -> (Child, BufReader<ChildStdout>) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLock.java");
+    let mut child = Command::new("java")
+        .arg("-cp")
+        .arg("/usr/share/java/curator-recipes.jar:/usr/share/java/slf4j-nop.jar")
+        .arg(src)
+        .args([connect, path, &hold_ms.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run java (Debian's default-jdk-headless)");
+    let out = BufReader::new(child.stdout.take().expect("piped"));
+    (child, out)
+}
+
+fn next_line(out: &mut BufReader<ChildStdout>) -> String {
+    let mut line = String::new();
+    out.read_line(&mut line).expect("Curator's output");
+    line.trim().to_owned()
+}
+
+/// Curator's `InterProcessMutex` on `/N` and fenced's mutex `N` are one
+/// lock, each way: a holder on either side keeps the other out, and each
+/// side's waiter gets the lock when the other lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_interop_both_ways() {
+    let t = Timing::default();
+    let z = ZkEnsemble::start();
+    let client = Client::connect(&z.url()).await.unwrap();
+    let name = unique("curator");
+    let lock = client.mutex(&name).unwrap();
+
+    // Curator holds for 2 s; fenced waits for it.
+    let (java, mut out) = curator(&z.connect_string(), &format!("/{name}"), 2000);
+    let mut out = tokio::task::spawn_blocking(move || {
+        assert_eq!(next_line(&mut out), "waiting");
+        assert_eq!(next_line(&mut out), "acquired");
+        out
+    })
+    .await
+    .unwrap();
+    let st = client.status(&name).await.unwrap();
+    assert_eq!(st.holders.len(), 1, "{st:?}");
+    assert!(st.holders[0].owner.starts_with("zk session "), "{st:?}");
+    assert!(lock.try_acquire().await.unwrap().is_none(), "two holders");
+    let g = lock
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("Curator's release wakes the fenced waiter");
+    let said = tokio::task::spawn_blocking(move || next_line(&mut out))
+        .await
+        .unwrap();
+    assert_eq!(
+        said, "released",
+        "fenced got the lock before Curator let go"
+    );
+    assert!(g.fencing_token() > st.holders[0].token);
+    let mut java = java;
+    assert!(java.wait().unwrap().success());
+
+    // fenced holds; Curator queues behind it and gets it on release.
+    let (mut java, mut out) = curator(&z.connect_string(), &format!("/{name}"), 0);
+    let mut out = tokio::task::spawn_blocking(move || {
+        assert_eq!(next_line(&mut out), "waiting");
+        out
+    })
+    .await
+    .unwrap();
+    t.wait_until("Curator queues behind fenced", || async {
+        client.status(&name).await.unwrap().waiters == 1
+    })
+    .await;
+    assert!(g.release().await.unwrap());
+    let said = tokio::task::spawn_blocking(move || {
+        let a = next_line(&mut out);
+        let b = next_line(&mut out);
+        (a, b)
+    })
+    .await
+    .unwrap();
+    assert_eq!(said, ("acquired".to_owned(), "released".to_owned()));
+    assert!(java.wait().unwrap().success());
+    client.close().await;
+}
+
+/// Killing the ensemble leader while a lock is held: the session moves to
+/// another node, the hold survives, nobody else gets in, and the waiter
+/// gets the lock after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_held() {
+    let t = Timing::default();
+    let mut z = ZkEnsemble::start_n(3);
+    let url = format!("{}?session_timeout=4s", z.url());
+    let (a, b) = (
+        Client::connect(&url).await.unwrap(),
+        Client::connect(&url).await.unwrap(),
+    );
+    let name = unique("zkleader");
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .lease(t.ms(2000))
+        .acquire()
+        .await
+        .unwrap();
+    let leader = z.leader().expect("a leader");
+    z.kill(leader);
+    let lock = b.mutex(&name).unwrap();
+    for _ in 0..6 {
+        tokio::time::sleep(t.ms(1000)).await;
+        let other = t
+            .until_available("the ensemble elects a leader", || lock.try_acquire())
+            .await;
+        assert!(other.is_none(), "two holders after the leader died");
+    }
+    assert!(g.is_held(), "the hold survives the election");
+    let waiter = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    tokio::time::sleep(t.ms(200)).await;
+    let token = g.fencing_token();
+    assert!(g.release().await.unwrap());
+    let next = waiter.await.unwrap().unwrap().expect("the waiter gets it");
+    assert!(next.fencing_token() > token);
+    assert!(next.release().await.unwrap());
+}
+
+/// A `fenced run` paused (SIGSTOP) past its session timeout: its session
+/// expires and its node goes, another client gets the lock with a higher
+/// token, the stale token is refused by the fenced register, and when the
+/// paused process resumes it sees the loss and kills its command (76).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_client_loses_its_session() {
+    let t = Timing::default();
+    let z = ZkEnsemble::start();
+    let url = format!("{}?session_timeout=2s", z.url());
+    let name = unique("zkpaused");
+    let mut child = Command::new(FENCED)
+        .args([
+            "--backend",
+            &url,
+            "run",
+            &name,
+            "--lease",
+            "30s",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let b = Client::connect(&url).await.unwrap();
+    t.wait_until("the child holds the lock", || async {
+        !b.status(&name).await.unwrap().is_free()
+    })
+    .await;
+    let stale = b.status(&name).await.unwrap().holders[0].token;
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, Signal::SIGSTOP).unwrap();
+    let g = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("the paused holder's session expires");
+    assert!(g.fencing_token() > stale);
+    let reg = b.register(&format!("{name}:data")).unwrap();
+    reg.write(&g, "new").await.unwrap();
+    let e = reg.write_with_token(stale, "late").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StaleToken);
+    nix::sys::signal::kill(pid, Signal::SIGCONT).unwrap();
+    let code = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        code.code(),
+        Some(76),
+        "the resumed holder must see the loss"
+    );
+    assert!(g.release().await.unwrap());
+}
+
+/// Digest auth: nodes are created with the creator-only ACL, so another
+/// identity (a wrong password is another identity) can neither queue on
+/// nor delete them; the error says so, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_acl_keeps_other_identities_out() {
+    let z = ZkEnsemble::start();
+    let alice = Client::connect(&format!("{}?digest=alice:secret", z.url()))
+        .await
+        .unwrap();
+    let name = unique("acl");
+    let g = alice.mutex(&name).unwrap().acquire().await.unwrap();
+    // Another identity cannot even set up: the metadata nodes are alice's.
+    let e = Client::connect(&format!("{}?digest=alice:wrong", z.url()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains("refused"), "{e}");
+    assert!(
+        !e.to_string().contains("secret") && !e.to_string().contains("wrong"),
+        "a password leaked: {e}"
+    );
+    // Nor, without credentials, queue on or break alice's lock.
+    let anyone = Client::connect(&z.url()).await;
+    if let Ok(anyone) = anyone {
+        let e = anyone
+            .mutex(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        assert!(anyone.mutex(&name).unwrap().force_unlock().await.is_err());
+    }
+    assert!(g.is_held());
+    let st = alice.status(&name).await.unwrap();
+    assert_eq!((st.holders.len(), st.waiters), (1, 0), "{st:?}");
+    assert!(g.release().await.unwrap());
+}
+
+/// Bad names, URLs, a missing chroot and an unreachable ensemble: clear
+/// errors, no node left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_and_faults() {
+    let z = ZkEnsemble::start();
+    let client = Client::connect(&z.url()).await.unwrap();
+    for bad in ["a/b", "nul\0name", "fenced.meta"] {
+        let e = match client.mutex(bad) {
+            Err(e) => e,
+            Ok(lock) => lock.try_acquire().await.unwrap_err(),
+        };
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{bad:?}: {e}");
+    }
+    for bad in [
+        "?session_timeout=100ms",
+        "?digest=nopassword",
+        "?bogus=1",
+        "/no/such/chroot",
+    ] {
+        let e = Client::connect(&format!("{}{bad}", z.url()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{bad}: {e}");
+    }
+    let e = Client::connect(&format!("zk://u:p@{}", z.connect_string()))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("digest"), "{e}");
+    let port = fenced_testkit::servers::free_port();
+    let e = Client::connect(&format!("zk://127.0.0.1:{port}?session_timeout=1s"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    // Nothing left: only the metadata tree at the root.
+    let st = client.status("a").await.unwrap();
+    assert!(st.is_free());
+    client.close().await;
+}
