@@ -45,6 +45,9 @@ pub struct Lock {
     pub(crate) name: LockName,
     pub(crate) mode: Mode,
     pub(crate) opts: LockOptions,
+    /// A side of a read-write lock (backends with distinct layouts for a
+    /// mutex and a write lock, like Curator's, name its nodes apart).
+    pub(crate) rw: bool,
     misuse: Option<String>,
 }
 
@@ -55,6 +58,7 @@ impl Lock {
             name,
             mode,
             opts: LockOptions::default(),
+            rw: false,
             misuse: None,
         }
     }
@@ -273,12 +277,18 @@ impl RwLock {
 
     /// The read side: shared with other readers.
     pub fn read(&self) -> Lock {
-        Lock::new(self.client.clone(), self.name.clone(), Mode::Shared)
+        Lock {
+            rw: true,
+            ..Lock::new(self.client.clone(), self.name.clone(), Mode::Shared)
+        }
     }
 
     /// The write side: exclusive.
     pub fn write(&self) -> Lock {
-        Lock::new(self.client.clone(), self.name.clone(), Mode::Exclusive)
+        Lock {
+            rw: true,
+            ..Lock::new(self.client.clone(), self.name.clone(), Mode::Exclusive)
+        }
     }
 
     /// The lock's name.

@@ -200,6 +200,9 @@ pub(crate) struct Attempt {
     /// Unique per grant: what release and renew name.
     pub(crate) hold_id: String,
     pub(crate) mode: Mode,
+    /// A side of a read-write lock rather than a mutex or semaphore.
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+    pub(crate) rw: bool,
     pub(crate) lease: Duration,
     pub(crate) fair: bool,
     /// Whether the caller will wait if busy: backends that need to register

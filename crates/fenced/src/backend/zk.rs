@@ -12,8 +12,9 @@
 //!   `InterProcessMutex` on `/base/N` is the same lock): a container node
 //!   with one ephemeral-sequential child per hold or waiter, named as
 //!   Curator names them: `_c_<uuid>-lock-<10-digit sequence>` for an
-//!   exclusive hold (`InterProcessMutex`), `_c_<uuid>-__READ__<seq>` for a
-//!   read hold (`InterProcessReadWriteLock`), and fenced's own
+//!   mutex (`InterProcessMutex`), `_c_<uuid>-__WRIT__<seq>` and
+//!   `_c_<uuid>-__READ__<seq>` for the sides of a read-write lock
+//!   (`InterProcessReadWriteLock`), and fenced's own
 //!   `_c_<uuid>-permit-<take>-<max>-<seq>` for semaphore permits. The `_c_`
 //!   prefix (Curator's *protected* mode) lets a client whose create reply
 //!   was lost find its node again instead of creating a second one.
@@ -86,8 +87,9 @@ fn sequence_of(child: &str) -> u64 {
     child[child.len() - digits..].parse().unwrap_or(u64::MAX)
 }
 
-fn marker(mode: Mode) -> String {
+fn marker(mode: Mode, rw: bool) -> String {
     match mode {
+        Mode::Exclusive if rw => "__WRIT__".to_owned(),
         Mode::Exclusive => "lock-".to_owned(),
         Mode::Shared => "__READ__".to_owned(),
         Mode::Permits { take, max } => format!("permit-{take}-{max}-"),
@@ -381,8 +383,8 @@ impl Inner {
 
     /// Creates the node of `own` (and the lock's container if missing),
     /// finding it again by its protected id if a reply was lost.
-    async fn create(&self, z: &zk::Client, dir: &str, own: &OwnNode, mode: Mode) -> Result<()> {
-        let prefix = format!("{dir}/{}{}", own.protect, marker(mode));
+    async fn create(&self, z: &zk::Client, dir: &str, own: &OwnNode, req: &Attempt) -> Result<()> {
+        let prefix = format!("{dir}/{}{}", own.protect, marker(req.mode, req.rw));
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         for _ in 0..10 {
             match z.create(&prefix, b"", &opts).await {
@@ -431,7 +433,7 @@ impl Inner {
         let z = self.client();
         let own = self.own_node(req);
         if lock(&own.child).is_none() {
-            self.create(&z, &dir, &own, req.mode).await?;
+            self.create(&z, &dir, &own, req).await?;
         }
         let mine = lock(&own.child).clone().unwrap_or_default();
         let children = match z.list_children(&dir).await {

@@ -85,6 +85,7 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
         owner_key: owner_key.clone(),
         hold_id: uuid::Uuid::new_v4().simple().to_string(),
         mode: lock.mode,
+        rw: lock.rw,
         lease: lock.opts.lease.duration(),
         fair: lock.opts.fair,
         will_wait: !matches!(wait, Wait::No),
