@@ -105,6 +105,13 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     let url = client.url().to_owned();
     let scheme = url.split(':').next().unwrap_or("").to_owned();
     let report = Report { json: args.json };
+    #[cfg(feature = "zookeeper")]
+    if let Some((rate, cmd)) = zk_limit(&url).await? {
+        report.row(
+            json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
+                          "ops_per_sec": rate}),
+        );
+    }
     #[cfg(feature = "etcd")]
     if let Some((rate, cmd)) = etcd_limit(&url).await? {
         report.row(
@@ -588,5 +595,30 @@ async fn etcd_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
     Ok(Some((
         rate,
         format!("{n} x (put {key} with a lease; delete {key})"),
+    )))
+}
+
+/// ZooKeeper's own cost of a lock's writes: a raw loop of
+/// create-ephemeral-sequential + delete on one session (pairs/s), or
+/// `None` for other backends.
+#[cfg(feature = "zookeeper")]
+async fn zk_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
+    let Some(rest) = url.strip_prefix("zk://") else {
+        return Ok(None);
+    };
+    let connect = rest.split('?').next().unwrap_or("");
+    let z = zookeeper_client::Client::connect(connect).await?;
+    let opts = zookeeper_client::CreateMode::EphemeralSequential
+        .with_acls(zookeeper_client::Acls::anyone_all());
+    let n = 2000u32;
+    let started = Instant::now();
+    for _ in 0..n {
+        let (_, seq) = z.create("/bench-limit-", b"", &opts).await?;
+        z.delete(&format!("/bench-limit-{seq}"), None).await?;
+    }
+    let rate = f64::from(n) / started.elapsed().as_secs_f64();
+    Ok(Some((
+        rate,
+        format!("{n} x (create -e -s /bench-limit-; delete it)"),
     )))
 }
