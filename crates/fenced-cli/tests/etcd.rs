@@ -317,3 +317,46 @@ async fn etcdctl_elect_interop() {
     assert!(next.guard().fencing_token() > leader.token);
     assert!(next.resign().await.unwrap());
 }
+
+/// `Guard::ownership` is etcd's `IsOwner`: a user's own transaction
+/// guarded by the hold's key and create revision commits while the hold
+/// lasts and is refused once the lock was taken away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ownership_guards_users_own_transactions() {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let c = EtcdCluster::start();
+    let client = Client::connect(&c.url()).await.unwrap();
+    let name = unique("owner");
+    let g = client.mutex(&name).unwrap().acquire().await.unwrap();
+    let o = g.ownership().expect("etcd records holds");
+    assert_eq!(o.revision, g.fencing_token());
+    assert!(o.key.starts_with(format!("{name}/").as_bytes()));
+    let endpoints: Vec<String> = c
+        .endpoints()
+        .split(',')
+        .map(|h| format!("http://{h}"))
+        .collect();
+    let mut etcd = etcd_client::Client::connect(&endpoints, None)
+        .await
+        .unwrap();
+    let guarded = |value: &'static str| {
+        Txn::new()
+            .when([Compare::create_revision(
+                o.key.clone(),
+                CompareOp::Equal,
+                o.revision as i64,
+            )])
+            .and_then([TxnOp::put(format!("{name}:data"), value, None)])
+    };
+    assert!(etcd.txn(guarded("mine")).await.unwrap().succeeded());
+    assert_eq!(
+        client.mutex(&name).unwrap().force_unlock().await.unwrap(),
+        1
+    );
+    assert!(
+        !etcd.txn(guarded("stale")).await.unwrap().succeeded(),
+        "a write guarded by a lost hold committed"
+    );
+    let got = etcd.get(format!("{name}:data"), None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"mine");
+}

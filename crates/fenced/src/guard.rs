@@ -70,6 +70,18 @@ impl Guard {
         self.hold.is_held()
     }
 
+    /// Where the backend records this hold, for an ownership-guarded write
+    /// in your own transaction on the same store, like etcd's `IsOwner`:
+    /// on etcd the hold's key and its create revision (compare
+    /// `CreateRevision(key) == revision` in your `Txn`); on ZooKeeper the
+    /// node's path (unique: sequential) and `czxid` (a `check` op on the
+    /// path in your `multi`).
+    /// `None` on backends whose holds have no such record; use the fencing
+    /// token there.
+    pub fn ownership(&self) -> Option<Ownership> {
+        self.client.backend.ownership(&self.hold.r)
+    }
+
     /// Lease left as far as this client can be sure (zero once lost).
     pub fn lease_left(&self) -> Duration {
         self.hold.lease_left()
@@ -135,4 +147,14 @@ impl fmt::Debug for Guard {
             .field("count", &self.hold.count())
             .finish()
     }
+}
+
+/// Where a backend records a hold (see [`Guard::ownership`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ownership {
+    /// The key (etcd) or node path (ZooKeeper) of the hold.
+    pub key: Vec<u8>,
+    /// Its create revision (etcd) or `czxid` (ZooKeeper): the hold's
+    /// fencing token.
+    pub revision: u64,
 }

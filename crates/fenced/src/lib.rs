@@ -72,7 +72,7 @@ pub use crate::core::hold::LostReason;
 pub use crate::election::{Election, Leader, Leadership};
 pub use crate::error::{Error, ErrorKind, Result};
 pub use crate::fence::FencedRegister;
-pub use crate::guard::Guard;
+pub use crate::guard::{Guard, Ownership};
 pub use crate::lock::{Lock, RwLock};
 pub use crate::multi::{MultiGuard, MultiLock};
 pub use crate::name::{LockName, MAX_NAME_LEN};

@@ -738,6 +738,14 @@ impl Backend for EtcdBackend {
         })
     }
 
+    fn ownership(&self, hold: &HoldRef) -> Option<crate::guard::Ownership> {
+        let own = lock(&self.inner.keys).get(&hold.hold_id).cloned()?;
+        Some(crate::guard::Ownership {
+            key: own.key.clone(),
+            revision: own.rev.load(Ordering::Acquire) as u64,
+        })
+    }
+
     fn proclaim<'a>(
         &'a self,
         hold: &'a HoldRef,

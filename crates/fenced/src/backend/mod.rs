@@ -345,6 +345,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<bool>>;
 
+    /// The backend's own record of a hold, for guarding writes in the
+    /// user's own transactions (see [`Guard::ownership`](crate::Guard::ownership)).
+    fn ownership(&self, _hold: &HoldRef) -> Option<crate::guard::Ownership> {
+        None
+    }
+
     /// Publishes an election leader's value where the backend's own
     /// election layout keeps it (etcd: in the leader's key), if the hold
     /// with `token` still holds: `Some(false)` if it does not, `None` if

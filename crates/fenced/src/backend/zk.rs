@@ -664,6 +664,16 @@ impl Backend for ZkBackend {
         })
     }
 
+    fn ownership(&self, hold: &HoldRef) -> Option<crate::guard::Ownership> {
+        let own = lock(&self.inner.nodes).get(&hold.hold_id).cloned()?;
+        let child = lock(&own.child).clone()?;
+        let dir = Inner::path_of(&own.name).ok()?;
+        Some(crate::guard::Ownership {
+            key: format!("{dir}/{child}").into_bytes(),
+            revision: *lock(&own.czxid) as u64,
+        })
+    }
+
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
         Box::pin(self.inner.end(&hold.hold_id))
     }
