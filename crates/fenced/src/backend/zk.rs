@@ -37,7 +37,7 @@
 //! than the session is kept by this client (its node is deleted when the
 //! lease ends without a renewal).
 
-use super::queue::{Wait, decode_register, grants, register_cas, waits_for};
+use super::queue::{Wait, decode_register, encode_register, grants, register_cas, waits_for};
 use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
     RegisterValue, Ticket, lease_runs_out, lock,
@@ -112,6 +112,8 @@ struct OwnNode {
     owner: String,
     /// Curator's protected id: `_c_<uuid>-`.
     protect: String,
+    /// An exclusive hold: holders of one name release in token order.
+    exclusive: bool,
     /// The child's name once created.
     child: Mutex<Option<String>>,
     /// Its czxid (the token once granted).
@@ -364,6 +366,7 @@ impl Inner {
             name: req.name.clone(),
             owner: req.owner_key.clone(),
             protect: format!("_c_{}-", uuid::Uuid::new_v4()),
+            exclusive: req.mode == Mode::Exclusive,
             child: Mutex::new(None),
             czxid: Mutex::new(0),
             session,
@@ -535,14 +538,39 @@ impl Inner {
             && own.session == self.session()
         {
             let path = format!("{}/{child}", Self::path_of(&own.name)?);
-            match self.client().delete(&path, None).await {
-                Ok(()) => was = true,
-                Err(zk::Error::NoNode) => {}
-                Err(e) => return Err(self.err(e)),
+            let token = *lock(&own.czxid) as u64;
+            let z = self.client();
+            let mut recorded = false;
+            if granted && own.exclusive {
+                // Exclusive holders of a name release in token order, so
+                // one multi deletes the node and overwrites the record:
+                // a release in one round trip. If either op fails (the
+                // node is gone, the record is not there yet) nothing is
+                // applied and the steps below run one by one.
+                let tokens = format!("{TOKENS}/{}", own.name.as_str());
+                let record = encode_register(token, b"");
+                let mut w = z.new_multi_writer();
+                if w.add_delete(&path, None).is_ok()
+                    && w.add_set_data(&tokens, &record, None).is_ok()
+                    && w.commit().await.is_ok()
+                {
+                    was = true;
+                    recorded = true;
+                }
             }
-            if was && granted {
-                let token = *lock(&own.czxid) as u64;
-                self.record_token(&own.name, token).await?;
+            if !recorded {
+                match z.delete(&path, None).await {
+                    Ok(()) => was = true,
+                    Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(self.err(e)),
+                }
+                if was
+                    && granted
+                    && let Err(e) = self.record_token(&own.name, token).await
+                {
+                    // The hold is released; only `status`'s last token lags.
+                    tracing::warn!(lock = %own.name.as_str(), error = %e, "could not record the last token");
+                }
             }
         }
         lock(&self.nodes).remove(hold_id);
