@@ -4,8 +4,14 @@
 //! - S1 uncontended: one client, acquire + release of `bench:s1`.
 //! - S2 contended: worker processes increment a counter in the backend
 //!   under one lock; throughput, waits, fairness and lost updates.
+//! - S3 many keys: worker processes acquire + release one of 1,024 keys
+//!   chosen uniformly; the aggregate rate.
 //! - S4 handoff: process A releases at a CLOCK_MONOTONIC instant, process
 //!   B (already waiting) notes when it acquires.
+//! - S5 held-lease scale: one process holds `--leases` leases (30 s,
+//!   watchdog on) for `--hold`: RSS, CPU, the server commands the renewals
+//!   cost (Redis `INFO commandstats`), leases lost.
+//! - F1 flash sale: the demo's four modes, oversold and purchases/s.
 //!
 //! Limits: for Redis, `redis-benchmark -c 1 -t set` on the same server;
 //! S1's ceiling is SET/2 (two round trips), S4's is 3 round trips.
@@ -41,13 +47,22 @@ pub(crate) struct BenchArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// S5: leases held at once.
+    #[arg(long, default_value_t = 100_000)]
+    leases: u32,
+    /// S5: how long they are held.
+    #[arg(long, default_value = "60s", value_parser = crate::parse_duration)]
+    hold: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Scenario {
     S1,
     S2,
+    S3,
     S4,
+    S5,
+    F1,
 }
 
 #[derive(Args, Debug)]
@@ -64,6 +79,10 @@ pub(crate) struct S2WorkerArgs {
     duration: Duration,
     #[arg(long)]
     fair: bool,
+    /// S3: acquire + release one of this many keys `NAME:<k>` chosen
+    /// uniformly, no counter.
+    #[arg(long)]
+    keys: Option<u32>,
 }
 
 /// S1 is bounded at 60 s whatever the iteration count.
@@ -152,8 +171,27 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
                 }
                 report.row(row);
             }
+            Scenario::S3 => {
+                let r = s2(&url, &client, &args, Some(1024)).await?;
+                report.row(json!({
+                    "scenario": "S3", "backend": scheme, "clients": args.processes, "keys": 1024,
+                    "duration_s": r.secs, "ops_per_sec": r.total as f64 / r.secs,
+                    "p50_us": r.wait.value_at_quantile(0.5), "p99_us": r.wait.value_at_quantile(0.99),
+                }));
+            }
+            Scenario::S5 => {
+                let row = s5(&url, &args).await?;
+                report.row(row);
+            }
+            Scenario::F1 => {
+                for row in crate::demo::bench_rows(&url, args.processes).await? {
+                    report.row(row);
+                }
+            }
             Scenario::S2 => {
-                let r = s2(&url, &client, &args).await?;
+                let calls0 = redis_calls(&url);
+                let r = s2(&url, &client, &args, None).await?;
+                let calls1 = redis_calls(&url);
                 let mut row = json!({
                     "scenario": "S2", "backend": scheme, "clients": args.processes,
                     "fair": args.fair, "duration_s": r.secs, "acquisitions": r.total,
@@ -164,6 +202,12 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
                 });
                 if let Some(l) = &limits {
                     row["ratio_to_set"] = json!(r.total as f64 / r.secs / l.set);
+                }
+                if let (Some(a), Some(b)) = (calls0, calls1) {
+                    // Every command of the run (the lock's, the counter's
+                    // read and write, the workers' connects) per acquisition.
+                    row["server_requests_per_op"] =
+                        json!(b.saturating_sub(a + 1) as f64 / r.total.max(1) as f64);
                 }
                 report.row(row);
             }
@@ -241,11 +285,22 @@ struct S2Record {
     wait_us: Vec<u64>,
 }
 
-async fn s2(url: &str, client: &fenced::Client, args: &BenchArgs) -> anyhow::Result<S2> {
+async fn s2(
+    url: &str,
+    client: &fenced::Client,
+    args: &BenchArgs,
+    keys: Option<u32>,
+) -> anyhow::Result<S2> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let name = "bench:s2";
+    let name = if keys.is_some() {
+        "bench:s3"
+    } else {
+        "bench:s2"
+    };
     let counter = client.register("bench:s2:counter")?;
-    counter.write_unfenced("0").await?;
+    if keys.is_none() {
+        counter.write_unfenced("0").await?;
+    }
     let exe = std::env::current_exe()?;
     let mut workers = Vec::new();
     for _ in 0..args.processes {
@@ -261,6 +316,9 @@ async fn s2(url: &str, client: &fenced::Client, args: &BenchArgs) -> anyhow::Res
             .kill_on_drop(true);
         if args.fair {
             cmd.arg("--fair");
+        }
+        if let Some(k) = keys {
+            cmd.arg("--keys").arg(k.to_string());
         }
         let mut w = cmd.spawn().context("start an S2 worker")?;
         let stdin = w.stdin.take().context("worker stdin")?;
@@ -316,7 +374,10 @@ async fn s2(url: &str, client: &fenced::Client, args: &BenchArgs) -> anyhow::Res
     } else {
         0.0
     };
-    let end = counter.read_i64().await?.unwrap_or(0);
+    let end = match keys {
+        None => counter.read_i64().await?.unwrap_or(0),
+        Some(_) => total as i64,
+    };
     Ok(S2 {
         secs,
         total,
@@ -355,6 +416,23 @@ pub(crate) async fn s2_worker(
         wait_us: Vec::new(),
     };
     let end = Instant::now() + args.duration;
+    if let Some(keys) = args.keys {
+        // S3: many keys, little contention; the figure is the aggregate rate.
+        let locks: Vec<fenced::Lock> = (0..keys.max(1))
+            .map(|k| client.mutex(&format!("{}:{k}", args.name)))
+            .collect::<Result<_, _>>()?;
+        while Instant::now() < end {
+            let lock = &locks[fastrand::usize(..locks.len())];
+            let asked = Instant::now();
+            lock.acquire().await?.release().await?;
+            rec.at_ns.push(mono_ns());
+            rec.wait_us.push(asked.elapsed().as_micros() as u64);
+        }
+        writeln!(out, "{}", serde_json::to_string(&rec)?)?;
+        out.flush()?;
+        client.close().await;
+        return Ok(ExitCode::SUCCESS);
+    }
     while Instant::now() < end {
         let asked = Instant::now();
         let Some(g) = lock.acquire_timeout(end - asked).await? else {
@@ -529,9 +607,16 @@ fn redis_limits(url: &str) -> anyhow::Result<Option<Limits>> {
     }))
 }
 
+/// No SQL backend built in: no SQL limit.
+#[cfg(not(any(feature = "postgres", feature = "mysql")))]
+async fn sql_limit(_url: &str) -> anyhow::Result<Option<(f64, String)>> {
+    Ok(None)
+}
+
 /// The cost of one statement on a SQL server: a raw loop of one-row
 /// upserts on one connection (an acquire + release is at least two), or
 /// `None` for other backends.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn sql_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
     let mut base = url::Url::parse(url)?;
     base.set_query(None);
@@ -621,4 +706,132 @@ async fn zk_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
         rate,
         format!("{n} x (create -e -s /bench-limit-; delete it)"),
     )))
+}
+
+/// The server's count of commands processed (`INFO commandstats`, summed)
+/// for a `redis://` URL, through `redis-cli`; `None` elsewhere.
+fn redis_calls(url: &str) -> Option<u64> {
+    let u = url::Url::parse(url).ok()?;
+    if u.scheme() != "redis" {
+        return None;
+    }
+    let mut cmd = std::process::Command::new("redis-cli");
+    cmd.args([
+        "-h",
+        u.host_str()?,
+        "-p",
+        &u.port().unwrap_or(6379).to_string(),
+    ]);
+    if let Some(p) = u.password() {
+        cmd.args(["-a", p, "--no-auth-warning"]);
+    }
+    let out = cmd.args(["INFO", "commandstats"]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // cmdstat_set:calls=3,usec=...
+    Some(
+        text.lines()
+            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum(),
+    )
+}
+
+/// This process's resident set, MB, and CPU time used, s (from /proc).
+fn rss_and_cpu() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let rss_kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i)?.parse::<f64>().ok())
+        .sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    (rss_kb / 1024.0, ticks / hz)
+}
+
+/// S5: hold `--leases` leases (30 s, watchdog on) for `--hold`; RSS, CPU,
+/// the server commands the renewals cost, leases lost.
+async fn s5(url: &str, args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let client = fenced::Client::connect(url).await?;
+    let n = args.leases;
+    let (rss0, _) = rss_and_cpu();
+    let started = Instant::now();
+    // Acquire with 64 tasks at a time: one client, one connection set.
+    let mut tasks = tokio::task::JoinSet::new();
+    let per = n.div_ceil(64);
+    for t in 0..64u32 {
+        let c = client.clone();
+        tasks.spawn(async move {
+            let mut held = Vec::new();
+            for i in (t * per)..((t + 1) * per).min(n) {
+                let lock = c
+                    .mutex(&format!("bench:s5:{i}"))?
+                    .lease(Duration::from_secs(30));
+                held.push(lock.acquire().await?);
+            }
+            anyhow::Ok(held)
+        });
+    }
+    let mut guards = Vec::with_capacity(n as usize);
+    while let Some(r) = tasks.join_next().await {
+        guards.extend(r??);
+    }
+    let acquire_s = started.elapsed().as_secs_f64();
+    let calls0 = redis_calls(url);
+    let (_, cpu0) = rss_and_cpu();
+    let hold_started = Instant::now();
+    tokio::time::sleep(args.hold).await;
+    let held_s = hold_started.elapsed().as_secs_f64();
+    let (rss, cpu1) = rss_and_cpu();
+    let calls1 = redis_calls(url);
+    let lost = guards.iter().filter(|g| !g.is_held()).count();
+    let release_started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut it = guards.into_iter();
+    loop {
+        let chunk: Vec<fenced::Guard> = it.by_ref().take(n.div_ceil(64) as usize).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        tasks.spawn(async move {
+            for g in chunk {
+                g.release().await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let release_s = release_started.elapsed().as_secs_f64();
+    client.close().await;
+    let mut row = json!({
+        "scenario": "S5", "backend": url.split(':').next().unwrap_or(""), "clients": 1,
+        "leases": n, "lease_s": 30, "duration_s": held_s,
+        "acquire_per_sec": f64::from(n) / acquire_s, "release_per_sec": f64::from(n) / release_s,
+        "rss_mb": rss, "rss_growth_mb": rss - rss0, "cpu_percent": 100.0 * (cpu1 - cpu0) / held_s,
+        "leases_lost": lost,
+    });
+    if let (Some(a), Some(b)) = (calls0, calls1) {
+        // Minus the INFO that read the count.
+        row["server_commands_per_sec"] = json!((b.saturating_sub(a + 1)) as f64 / held_s);
+    }
+    Ok(row)
 }

@@ -125,6 +125,32 @@ pub(crate) async fn demo(backend: Option<String>, demo: Demo) -> anyhow::Result<
     })
 }
 
+/// F1 for `fenced bench`: the flash sale in every mode (stock 1,000,
+/// 100,000 attempts, 10 segments) as one JSON row each.
+pub(crate) async fn bench_rows(url: &str, workers: u32) -> anyhow::Result<Vec<serde_json::Value>> {
+    let client = connect(Some(url)).await?;
+    let args = FlashSaleArgs {
+        stock: 1000,
+        workers,
+        attempts: 100_000,
+        segments: 10,
+        mode: Mode::All,
+    };
+    let scheme = url.split(':').next().unwrap_or("");
+    let mut rows = Vec::new();
+    for mode in [Mode::None, Mode::Lock, Mode::Segmented, Mode::Atomic] {
+        let r = sell(&client, Some(url), &args, mode).await?;
+        rows.push(serde_json::json!({
+            "scenario": "F1", "backend": scheme, "mode": mode.name(), "clients": workers,
+            "stock": args.stock, "attempts": r.attempts, "sold": r.sold,
+            "oversold": r.sold.saturating_sub(u64::from(args.stock)),
+            "duration_s": r.secs, "ops_per_sec": r.sold as f64 / r.secs.max(1e-9),
+        }));
+    }
+    client.close().await;
+    Ok(rows)
+}
+
 struct Result {
     sold: u64,
     attempts: u64,

@@ -9,6 +9,8 @@ mod bench;
 mod demo;
 mod run;
 mod status;
+#[cfg(feature = "torture")]
+mod torture;
 
 /// Exit code when the lock was not had within `--wait` (EX_TEMPFAIL).
 pub(crate) const EXIT_NOT_ACQUIRED: u8 = 75;
@@ -58,6 +60,13 @@ enum Command {
     BenchHandoffWorker(bench::HandoffWorkerArgs),
     #[command(hide = true)]
     BenchS2Worker(bench::S2WorkerArgs),
+    /// Contend for one lock from worker processes while faults are
+    /// injected; check the history against the backend's guarantees.
+    #[cfg(feature = "torture")]
+    Torture(torture::TortureArgs),
+    #[cfg(feature = "torture")]
+    #[command(hide = true)]
+    TortureWorker(torture::WorkerArgs),
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h`, or `0`.
@@ -118,6 +127,10 @@ fn main() -> ExitCode {
             Command::Bench(args) => bench::bench(backend, args).await,
             Command::BenchHandoffWorker(args) => bench::handoff_worker(backend, args).await,
             Command::BenchS2Worker(args) => bench::s2_worker(backend, args).await,
+            #[cfg(feature = "torture")]
+            Command::Torture(args) => torture::torture(backend, args).await,
+            #[cfg(feature = "torture")]
+            Command::TortureWorker(args) => torture::worker(backend, args).await,
         };
         match result {
             Ok(code) => code,

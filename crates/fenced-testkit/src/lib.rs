@@ -12,6 +12,7 @@ mod fixture;
 pub mod process;
 pub mod servers;
 mod timing;
+pub mod torture;
 
 pub use fixture::{Fixture, unique};
 pub use timing::Timing;

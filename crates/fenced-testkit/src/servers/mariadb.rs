@@ -130,6 +130,20 @@ impl MariaDb {
         format!("mysql://root@127.0.0.1:{}/mysql", self.port)
     }
 
+    /// Kills the server (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut s) = self.server.take() {
+            s.kill();
+        }
+    }
+
+    /// Starts the server again on the same port and data.
+    pub fn restart(&mut self) {
+        self.server.take();
+        let what = format!("MariaDB on port {}", self.port);
+        super::relaunch(&what, || self.launch());
+    }
+
     /// Runs SQL with the `mariadb` client and returns its output.
     pub fn sql(&self, sql: &str) -> String {
         let client = require("mariadb", "mariadb-client", &[]);

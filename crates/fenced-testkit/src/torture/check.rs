@@ -1,0 +1,471 @@
+//! The history checker: exclusion, fencing, lost signals, token order and
+//! recovery, from the events every process of a run recorded.
+
+use super::{Event, Fault, Kind};
+use serde::Serialize;
+
+/// The figures of one run (RELIABILITY.md, "Figures each run reports").
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Findings {
+    /// Holds begun (acquisitions).
+    pub holds: u64,
+    /// Episodes in which two or more workers believed they held the lock.
+    pub overlaps: u64,
+    /// Their total length, ms.
+    pub overlap_ms: f64,
+    /// Fenced writes the register accepted.
+    pub writes_accepted: u64,
+    /// Writes the register refused: a higher token had written.
+    pub stale_rejected: u64,
+    /// Accepted writes whose token was below one accepted before they were
+    /// sent (I1; must be 0 whatever the fault).
+    pub stale_accepted: u64,
+    /// Accepted writes minus what the counter shows: read-modify-writes
+    /// that overwrote each other (negative: a killed worker's write was
+    /// accepted but never recorded).
+    pub lost_updates: i64,
+    /// Acquisitions whose token was below one granted before they asked (I7).
+    pub token_regressions: u64,
+    /// Lost signals that fired.
+    pub signals_fired: u64,
+    /// Holds whose write was refused, released without a lost signal (I4).
+    pub signals_missing: u64,
+    /// Operations that failed and were retried (the server away).
+    pub errors: u64,
+    /// How long the lock took to be granted again after each fault (I3).
+    pub recoveries: Vec<Recovery>,
+    /// Recoveries past their bound, or that never came while the run went on.
+    pub late_recoveries: u64,
+    /// Overlaps that began outside every fault's window (from its start
+    /// to its bound after its end): contention alone must never cause one.
+    pub overlaps_outside_faults: u64,
+}
+
+/// The recovery after one fault.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Recovery {
+    /// The fault.
+    pub fault: Fault,
+    /// From the fault (or its healing, for server faults) to the next
+    /// grant to a worker other than its victim, ms; `None` if none came.
+    pub ms: Option<f64>,
+    /// The backend's bound, ms.
+    pub bound_ms: u64,
+    /// Past the bound, or none while the run lasted at least the bound.
+    pub late: bool,
+    /// Overlaps that began in the fault's window (its start to its bound
+    /// after its end) and after every later fault's start.
+    pub overlaps: u64,
+    /// Their total length, ms.
+    pub overlap_ms: f64,
+}
+
+struct Hold {
+    start: u64,
+    end: Option<u64>,
+    token: u64,
+    refused: bool,
+    lost: bool,
+}
+
+#[derive(Default)]
+struct WorkerState {
+    open: Option<usize>,
+    last: Option<usize>,
+}
+
+/// Checks a run's history; `counter` is the register's final value (it
+/// starts at 0 and each accepted write sets it to what was read + 1).
+pub fn check(events: &[Event], counter: i64) -> Findings {
+    let mut ev: Vec<&Event> = events.iter().collect();
+    ev.sort_by_key(|e| e.t);
+    let end_of_run = ev.last().map_or(0, |e| e.t);
+    let mut f = Findings::default();
+    let mut holds: Vec<Hold> = Vec::new();
+    let mut workers: std::collections::HashMap<u32, WorkerState> = Default::default();
+    let mut grants: Vec<(u64, u64, u64, u32)> = Vec::new(); // (t, asked, token, w)
+    let mut accepted: Vec<(u64, u64, u64)> = Vec::new(); // (t, sent, token)
+    for e in &ev {
+        let st = workers.entry(e.w).or_default();
+        let close = |st: &mut WorkerState, holds: &mut Vec<Hold>| {
+            if let Some(i) = st.open.take() {
+                holds[i].end = Some(e.t);
+            }
+        };
+        match &e.e {
+            Kind::Acquired { token, asked } => {
+                close(st, &mut holds);
+                holds.push(Hold {
+                    start: e.t,
+                    end: None,
+                    token: *token,
+                    refused: false,
+                    lost: false,
+                });
+                st.open = Some(holds.len() - 1);
+                st.last = st.open;
+                grants.push((e.t, *asked, *token, e.w));
+            }
+            Kind::Write {
+                token,
+                sent,
+                accepted: ok,
+                ..
+            } => {
+                if *ok {
+                    accepted.push((e.t, *sent, *token));
+                } else {
+                    f.stale_rejected += 1;
+                    if let Some(h) = st.last.map(|i| &mut holds[i]).filter(|h| h.token == *token) {
+                        h.refused = true;
+                    }
+                }
+            }
+            Kind::Lost { .. } => {
+                f.signals_fired += 1;
+                if let Some(i) = st.last {
+                    holds[i].lost = true;
+                }
+                close(st, &mut holds);
+            }
+            Kind::Released { called, .. } => {
+                if let Some(i) = st.open.take() {
+                    holds[i].end = Some((*called).min(e.t));
+                }
+                if let Some(h) = st.last.take().map(|i| &holds[i])
+                    && h.refused
+                    && !h.lost
+                {
+                    f.signals_missing += 1;
+                }
+            }
+            Kind::Exited => {
+                close(st, &mut holds);
+                st.last = None;
+            }
+            Kind::Error { .. } => f.errors += 1,
+            Kind::InSection { .. } | Kind::FaultStart { .. } | Kind::FaultEnd { .. } => {}
+        }
+    }
+    f.holds = holds.len() as u64;
+    let episodes = overlaps(&holds, end_of_run);
+    f.overlaps = episodes.len() as u64;
+    f.overlap_ms = episodes.iter().map(|(a, b)| b - a).sum::<u64>() as f64 / 1e6;
+    f.writes_accepted = accepted.len() as u64;
+    f.lost_updates = accepted.len() as i64 - counter;
+    // I1: a write is stale if a higher token's write had been accepted
+    // before it was sent.
+    f.stale_accepted = count_below_earlier_max(
+        &accepted,
+        |&(t, _, _)| t,
+        |&(_, sent, _)| sent,
+        |&(_, _, k)| k,
+    );
+    // I7: a grant is a regression if a higher token had been granted
+    // before it was asked for.
+    f.token_regressions = count_below_earlier_max(&grants, |g| g.0, |g| g.1, |g| g.2);
+    let windows;
+    (f.recoveries, windows) = recoveries(&ev, &grants, end_of_run);
+    f.late_recoveries = f.recoveries.iter().filter(|r| r.late).count() as u64;
+    // An overlap is charged to the latest fault whose window it began in.
+    for &(a, b) in &episodes {
+        let latest = windows
+            .iter()
+            .enumerate()
+            .filter(|(_, (from, to))| a >= *from && a <= *to)
+            .max_by_key(|(_, (from, _))| *from)
+            .map(|(i, _)| i);
+        match latest {
+            Some(i) => {
+                f.recoveries[i].overlaps += 1;
+                f.recoveries[i].overlap_ms += (b - a) as f64 / 1e6;
+            }
+            None => f.overlaps_outside_faults += 1,
+        }
+    }
+    f
+}
+
+/// Counts items whose key is below the largest key among items that
+/// completed (`done`) strictly before they began (`began`).
+fn count_below_earlier_max<T>(
+    items: &[T],
+    done: impl Fn(&T) -> u64,
+    began: impl Fn(&T) -> u64,
+    key: impl Fn(&T) -> u64,
+) -> u64 {
+    let mut by_done: Vec<(u64, u64)> = items.iter().map(|i| (done(i), key(i))).collect();
+    by_done.sort_unstable();
+    let mut prefix_max = Vec::with_capacity(by_done.len());
+    let mut m = 0;
+    for &(_, k) in &by_done {
+        m = m.max(k);
+        prefix_max.push(m);
+    }
+    items
+        .iter()
+        .filter(|i| {
+            let n = by_done.partition_point(|&(t, _)| t < began(i));
+            n > 0 && prefix_max[n - 1] > key(i)
+        })
+        .count() as u64
+}
+
+/// Episodes with two or more holders: (start, end) in ns.
+fn overlaps(holds: &[Hold], end_of_run: u64) -> Vec<(u64, u64)> {
+    let mut points: Vec<(u64, i32)> = Vec::new();
+    for h in holds {
+        let end = h.end.unwrap_or(end_of_run);
+        if end > h.start {
+            points.push((h.start, 1));
+            points.push((end, -1));
+        }
+    }
+    // Ends before starts at one instant: a hand-over is not an overlap.
+    points.sort_unstable();
+    let (mut depth, mut since, mut episodes) = (0i32, 0u64, Vec::new());
+    for (t, d) in points {
+        let before = depth;
+        depth += d;
+        if before < 2 && depth >= 2 {
+            since = t;
+        } else if before >= 2 && depth < 2 {
+            episodes.push((since, t));
+        }
+    }
+    episodes
+}
+
+/// The recovery after each fault, and each fault's window (its start to
+/// its bound after its end).
+fn recoveries(
+    ev: &[&Event],
+    grants: &[(u64, u64, u64, u32)],
+    end_of_run: u64,
+) -> (Vec<Recovery>, Vec<(u64, u64)>) {
+    let (mut out, mut windows) = (Vec::new(), Vec::new());
+    for (i, e) in ev.iter().enumerate() {
+        let Kind::FaultStart {
+            fault,
+            victim,
+            bound_ms,
+        } = &e.e
+        else {
+            continue;
+        };
+        let healed = ev[i..]
+            .iter()
+            .find(|x| matches!(&x.e, Kind::FaultEnd { fault: g } if g == fault))
+            .map_or(end_of_run, |x| x.t);
+        let from = if victim.is_some() { e.t } else { healed };
+        let next = grants
+            .iter()
+            .filter(|g| g.0 > from && Some(g.3) != *victim)
+            .map(|g| g.0)
+            .min();
+        let ms = next.map(|t| (t - from) as f64 / 1e6);
+        let bound = bound_ms * 1_000_000;
+        let late = match next {
+            Some(t) => t - from > bound,
+            None => end_of_run.saturating_sub(from) >= bound,
+        };
+        out.push(Recovery {
+            fault: *fault,
+            ms,
+            bound_ms: *bound_ms,
+            late,
+            overlaps: 0,
+            overlap_ms: 0.0,
+        });
+        windows.push((e.t, healed + bound));
+    }
+    (out, windows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn ev(t_ms: u64, w: u32, e: Kind) -> Event {
+        Event { t: t_ms * MS, w, e }
+    }
+    fn acq(t: u64, w: u32, token: u64) -> Event {
+        ev(
+            t,
+            w,
+            Kind::Acquired {
+                token,
+                asked: t.saturating_sub(1) * MS,
+            },
+        )
+    }
+    fn write(t: u64, w: u32, token: u64, value: i64, accepted: bool) -> Event {
+        ev(
+            t,
+            w,
+            Kind::Write {
+                token,
+                value,
+                sent: (t - 1) * MS,
+                accepted,
+            },
+        )
+    }
+    fn rel(t: u64, w: u32) -> Event {
+        ev(
+            t,
+            w,
+            Kind::Released {
+                ok: true,
+                called: t * MS,
+            },
+        )
+    }
+
+    #[test]
+    fn clean_hand_overs_have_no_findings() {
+        let h = vec![
+            acq(10, 1, 1),
+            write(12, 1, 1, 1, true),
+            rel(14, 1),
+            acq(14, 2, 2),
+            write(16, 2, 2, 2, true),
+            rel(18, 2),
+        ];
+        let f = check(&h, 2);
+        assert_eq!((f.holds, f.overlaps, f.writes_accepted), (2, 0, 2));
+        assert_eq!(
+            (f.lost_updates, f.stale_accepted, f.token_regressions),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_paused_holder_overlaps_and_its_late_write_is_refused() {
+        let h = vec![
+            acq(10, 1, 1),
+            // worker 1 stops; its lease runs out; worker 2 gets the lock.
+            acq(2010, 2, 2),
+            write(2012, 2, 2, 1, true),
+            rel(2020, 2),
+            write(3000, 1, 1, 1, false),
+            ev(
+                3001,
+                1,
+                Kind::Lost {
+                    reason: "taken".into(),
+                },
+            ),
+            rel(3002, 1),
+        ];
+        let f = check(&h, 1);
+        assert_eq!(f.overlaps, 1);
+        assert!((f.overlap_ms - 10.0).abs() < 1e-9, "{}", f.overlap_ms);
+        assert_eq!(
+            (f.stale_rejected, f.stale_accepted, f.signals_missing),
+            (1, 0, 0)
+        );
+        assert_eq!(f.lost_updates, 0);
+        // No fault was declared: the overlap is not excused by one.
+        assert_eq!(f.overlaps_outside_faults, 1);
+    }
+
+    #[test]
+    fn stale_acceptance_lost_updates_and_missing_signals_are_caught() {
+        let h = vec![
+            acq(10, 1, 5),
+            write(12, 1, 5, 1, true),
+            rel(13, 1),
+            // A register that took token 4 after token 5 was accepted.
+            acq(20, 2, 4),
+            write(22, 2, 4, 1, true),
+            rel(23, 2),
+            acq(30, 3, 6),
+            write(32, 3, 6, 2, false),
+            rel(33, 3),
+        ];
+        let f = check(&h, 1);
+        assert_eq!(f.stale_accepted, 1);
+        assert_eq!(f.token_regressions, 1);
+        assert_eq!(f.lost_updates, 1);
+        assert_eq!(f.signals_missing, 1);
+    }
+
+    #[test]
+    fn concurrent_writes_in_either_order_are_not_stale() {
+        // Token 6 sent before token 5's reply came: both legal.
+        let h = vec![
+            ev(
+                10,
+                1,
+                Kind::Write {
+                    token: 5,
+                    value: 1,
+                    sent: 5 * MS,
+                    accepted: true,
+                },
+            ),
+            ev(
+                9,
+                2,
+                Kind::Write {
+                    token: 6,
+                    value: 2,
+                    sent: 6 * MS,
+                    accepted: true,
+                },
+            ),
+        ];
+        assert_eq!(check(&h, 2).stale_accepted, 0);
+    }
+
+    #[test]
+    fn recovery_is_timed_from_the_fault_or_its_healing() {
+        let start = |t, victim| {
+            ev(
+                t,
+                0,
+                Kind::FaultStart {
+                    fault: Fault::Kill,
+                    victim,
+                    bound_ms: 3000,
+                },
+            )
+        };
+        let h = vec![
+            acq(10, 1, 1),
+            start(100, Some(1)),
+            ev(100, 1, Kind::Exited),
+            ev(101, 0, Kind::FaultEnd { fault: Fault::Kill }),
+            acq(2100, 2, 2),
+            rel(2200, 2),
+            ev(
+                3000,
+                0,
+                Kind::FaultStart {
+                    fault: Fault::Restart,
+                    victim: None,
+                    bound_ms: 1000,
+                },
+            ),
+            ev(
+                4000,
+                0,
+                Kind::FaultEnd {
+                    fault: Fault::Restart,
+                },
+            ),
+            acq(6000, 3, 3),
+            rel(6100, 3),
+        ];
+        let f = check(&h, 0);
+        assert_eq!(f.recoveries.len(), 2);
+        assert_eq!(f.recoveries[0].ms, Some(2000.0));
+        assert!(!f.recoveries[0].late);
+        assert_eq!(f.recoveries[1].ms, Some(2000.0));
+        assert!(f.recoveries[1].late);
+        assert_eq!(f.late_recoveries, 1);
+    }
+}

@@ -1,0 +1,332 @@
+//! What each backend claims under each fault: RELIABILITY.md's table of
+//! expected outcomes, as code the torture run is judged by.
+
+use serde::{Deserialize, Serialize};
+
+/// A fault the torture driver can inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// SIGKILL the process holding the lock.
+    Kill,
+    /// SIGSTOP the holder for longer than its lease (a GC pause), then SIGCONT.
+    Pause,
+    /// Reset every TCP connection of the holder (in the proxy).
+    Cut,
+    /// Blackhole the holder's connections past its lease, then heal: the
+    /// held-back bytes arrive late, as after a partition.
+    Partition,
+    /// SIGKILL the server and start it again on the same data.
+    Restart,
+    /// SIGKILL the leader of a ZooKeeper ensemble or etcd cluster, restart it later.
+    Leader,
+    /// SIGKILL the master of a Sentinel group; a replica is promoted.
+    Failover,
+}
+
+impl Fault {
+    /// Every fault, in the order a mixed run cycles through them.
+    pub const ALL: [Fault; 7] = [
+        Fault::Kill,
+        Fault::Pause,
+        Fault::Cut,
+        Fault::Partition,
+        Fault::Restart,
+        Fault::Leader,
+        Fault::Failover,
+    ];
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::Pause => "pause",
+            Fault::Cut => "cut",
+            Fault::Partition => "partition",
+            Fault::Restart => "restart",
+            Fault::Leader => "leader",
+            Fault::Failover => "failover",
+        }
+    }
+
+    /// Parses a name from [`Fault::name`].
+    pub fn parse(s: &str) -> Result<Fault, String> {
+        Fault::ALL
+            .into_iter()
+            .find(|f| f.name() == s.trim())
+            .ok_or_else(|| {
+                let names: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
+                format!("unknown fault {s:?}; the faults are {}", names.join(", "))
+            })
+    }
+
+    /// Whether the fault needs the holder's traffic to pass the proxy.
+    pub fn needs_proxy(self) -> bool {
+        matches!(self, Fault::Cut | Fault::Partition)
+    }
+
+    /// Whether the fault acts on servers the run started (`--spawn`).
+    pub fn needs_spawn(self) -> bool {
+        matches!(self, Fault::Restart | Fault::Leader | Fault::Failover)
+    }
+}
+
+/// Backends that share a set of guarantees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    /// SQLite.
+    Sqlite,
+    /// One Redis master.
+    Redis,
+    /// Redis behind Sentinel.
+    Sentinel,
+    /// Redis Cluster.
+    Cluster,
+    /// RedLock over independent masters.
+    RedLock,
+    /// ZooKeeper.
+    ZooKeeper,
+    /// etcd.
+    Etcd,
+    /// PostgreSQL or MariaDB with the lease table.
+    SqlLease,
+    /// PostgreSQL advisory locks or MariaDB `GET_LOCK`: held by a session.
+    SqlAdvisory,
+}
+
+impl Family {
+    /// The family of a backend URL, or `None` for `memory://` (one process only).
+    pub fn of(url: &str) -> Option<Family> {
+        let scheme = url.split("://").next().unwrap_or("");
+        let advisory = url.contains("mode=advisory");
+        Some(match scheme {
+            "sqlite" => Family::Sqlite,
+            "redis" | "rediss" => Family::Redis,
+            "redis+sentinel" | "rediss+sentinel" => Family::Sentinel,
+            "redis+cluster" | "rediss+cluster" => Family::Cluster,
+            "redlock" => Family::RedLock,
+            "zk" => Family::ZooKeeper,
+            "etcd" | "etcds" => Family::Etcd,
+            "postgres" | "postgresql" | "mysql" | "mariadb" if advisory => Family::SqlAdvisory,
+            "postgres" | "postgresql" | "mysql" | "mariadb" => Family::SqlLease,
+            _ => return None,
+        })
+    }
+}
+
+/// Whether a figure is a promise or only measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Claim {
+    /// The backend promises it: a breach fails the run.
+    Must,
+    /// Broken by design under this fault: measured and reported.
+    Measured,
+}
+
+/// The claims of one backend under one set of faults. Whatever the fault,
+/// a fenced register never accepts a stale write (I1) and nothing is left
+/// held at the end (I5): those are always [`Claim::Must`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expect {
+    /// I2: no two holders at once, and so no lost update.
+    pub exclusion: Claim,
+    /// I7: tokens for a name never go down.
+    pub tokens: Claim,
+    /// I4: a hold whose write was refused has had its lost signal.
+    pub signals: Claim,
+    /// I3: after a fault, a waiter gets the lock within the backend's bound.
+    pub liveness: Claim,
+}
+
+impl Expect {
+    const ALL_MUST: Expect = Expect {
+        exclusion: Claim::Must,
+        tokens: Claim::Must,
+        signals: Claim::Must,
+        liveness: Claim::Must,
+    };
+
+    /// The weaker of two claims on each figure: a run with several faults
+    /// promises only what every one of them allows.
+    pub fn and(self, o: Expect) -> Expect {
+        let w = |a: Claim, b: Claim| if a == Claim::Must { b } else { a };
+        Expect {
+            exclusion: w(self.exclusion, o.exclusion),
+            tokens: w(self.tokens, o.tokens),
+            signals: w(self.signals, o.signals),
+            liveness: w(self.liveness, o.liveness),
+        }
+    }
+}
+
+/// What `family` claims under `fault` (`None`: contention only), or
+/// `None` when the fault does not apply to it.
+pub fn expect(family: Family, fault: Option<Fault>) -> Option<Expect> {
+    use Claim::Measured as M;
+    use Family as B;
+    let must = Expect::ALL_MUST;
+    let advisory = family == B::SqlAdvisory;
+    Some(match fault {
+        None | Some(Fault::Kill) => must,
+        // A stopped holder still believes it holds when it wakes; the
+        // fence must refuse its late write. A session lock (advisory)
+        // stays with the stopped process: nobody else gets in, by design.
+        Some(Fault::Pause) if advisory => Expect {
+            liveness: M,
+            ..must
+        },
+        Some(Fault::Pause) => Expect {
+            exclusion: M,
+            ..must
+        },
+        // A reset connection: sessions and leases outlive it, except a
+        // session lock, which the server drops with the session.
+        Some(Fault::Cut) => match family {
+            B::Sqlite => return None,
+            B::SqlAdvisory => Expect {
+                exclusion: M,
+                ..must
+            },
+            _ => must,
+        },
+        // Cut off past the lease: the server gives the lock away while the
+        // holder cannot hear it; a session lock is never given away.
+        Some(Fault::Partition) => match family {
+            B::Sqlite => return None,
+            B::SqlAdvisory => Expect {
+                liveness: M,
+                ..must
+            },
+            _ => Expect {
+                exclusion: M,
+                ..must
+            },
+        },
+        Some(Fault::Restart) => match family {
+            B::Sqlite | B::Sentinel => return None,
+            // No persistence: the lock is gone, and a second holder may
+            // get in before the first hears it; tokens still rise (never
+            // below the server's clock in µs).
+            B::Redis | B::Cluster => Expect {
+                exclusion: M,
+                ..must
+            },
+            // One master of five forgets: a majority may form again
+            // without the holder; its token counter restarts too.
+            B::RedLock => Expect {
+                exclusion: M,
+                tokens: M,
+                ..must
+            },
+            // The server dropped the session that held the lock; the
+            // holder hears it only when it next talks to the server.
+            B::SqlAdvisory => Expect {
+                exclusion: M,
+                ..must
+            },
+            B::SqlLease | B::ZooKeeper | B::Etcd => must,
+        },
+        Some(Fault::Leader) => match family {
+            B::ZooKeeper | B::Etcd => must,
+            _ => return None,
+        },
+        // Asynchronous replication: the promoted replica may not have the
+        // lock (tokens still rise: they follow the server's clock).
+        Some(Fault::Failover) => match family {
+            B::Sentinel => Expect {
+                exclusion: M,
+                ..must
+            },
+            _ => return None,
+        },
+    })
+}
+
+const FAMILIES: [(Family, &str); 9] = [
+    (Family::Sqlite, "SQLite"),
+    (Family::Redis, "Redis"),
+    (Family::Sentinel, "Sentinel"),
+    (Family::Cluster, "Cluster"),
+    (Family::RedLock, "RedLock"),
+    (Family::ZooKeeper, "ZooKeeper"),
+    (Family::Etcd, "etcd"),
+    (Family::SqlLease, "SQL lease table"),
+    (Family::SqlAdvisory, "SQL advisory"),
+];
+
+/// The claims as a Markdown table, faults by backend: `P` where every
+/// invariant must hold; `F(…)` where the invariants named are measured
+/// only (broken by design); `L(I3)` where liveness is given up; `–`
+/// where the fault does not apply. The README's guarantee table is this
+/// text (a test checks it).
+pub fn claims_markdown() -> String {
+    let mut out = String::from("| fault |");
+    for (_, n) in FAMILIES {
+        out += &format!(" {n} |");
+    }
+    out += "\n|---|";
+    out += &"---|".repeat(FAMILIES.len());
+    out += "\n";
+    let faults = std::iter::once(None).chain(Fault::ALL.into_iter().map(Some));
+    for f in faults {
+        out += &format!("| {} |", f.map_or("contention, no fault", Fault::name));
+        for (fam, _) in FAMILIES {
+            let cell = match expect(fam, f) {
+                None => "–".to_owned(),
+                Some(e) => {
+                    let m = |c: Claim, id: &'static str| (c == Claim::Measured).then_some(id);
+                    let f: Vec<&str> =
+                        [m(e.exclusion, "I2"), m(e.tokens, "I7"), m(e.signals, "I4")]
+                            .into_iter()
+                            .flatten()
+                            .collect();
+                    let mut cell = String::new();
+                    if !f.is_empty() {
+                        cell += &format!("F({})", f.join(","));
+                    }
+                    if e.liveness == Claim::Measured {
+                        cell += "L(I3)";
+                    }
+                    if cell.is_empty() {
+                        "P".to_owned()
+                    } else {
+                        cell
+                    }
+                }
+            };
+            out += &format!(" {cell} |");
+        }
+        out += "\n";
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weakest_claim_wins() {
+        let pause = expect(Family::Redis, Some(Fault::Pause)).unwrap();
+        let kill = expect(Family::Redis, Some(Fault::Kill)).unwrap();
+        assert_eq!(kill.and(pause).exclusion, Claim::Measured);
+        assert_eq!(kill.and(pause).tokens, Claim::Must);
+        assert_eq!(pause.and(kill), kill.and(pause));
+    }
+
+    #[test]
+    fn families_and_faults_parse() {
+        assert_eq!(
+            Family::of("postgres://h/db?mode=advisory"),
+            Some(Family::SqlAdvisory)
+        );
+        assert_eq!(Family::of("mysql://h/db"), Some(Family::SqlLease));
+        assert_eq!(Family::of("memory://x"), None);
+        assert_eq!(Fault::parse("pause"), Ok(Fault::Pause));
+        assert!(Fault::parse("nap").unwrap_err().contains("kill, pause"));
+        assert_eq!(expect(Family::Sqlite, Some(Fault::Cut)), None);
+        assert_eq!(expect(Family::Redis, Some(Fault::Leader)), None);
+    }
+}

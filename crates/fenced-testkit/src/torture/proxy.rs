@@ -1,0 +1,216 @@
+//! A TCP proxy on loopback for network faults: reset every connection, or
+//! blackhole them (hold every byte back) and heal. `tc netem` does not
+//! work on these machines, and a proxy per worker lets one holder be cut
+//! off while the others go on.
+//!
+//! It runs on its own thread and runtime, so a driver blocked in a server
+//! restart never stalls the traffic it carries.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::watch;
+
+/// One listening port that forwards to one target.
+pub struct Proxy {
+    port: u16,
+    ctl: Arc<Ctl>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Ctl {
+    blackhole: watch::Sender<bool>,
+    cut: watch::Sender<u64>,
+    stop: watch::Sender<bool>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards to `target`.
+    pub fn start(target: SocketAddr) -> std::io::Result<Proxy> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let port = listener.local_addr()?.port();
+        let ctl = Arc::new(Ctl {
+            blackhole: watch::channel(false).0,
+            cut: watch::channel(0).0,
+            stop: watch::channel(false).0,
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let c = ctl.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("proxy-{port}"))
+            .spawn(move || rt.block_on(serve(listener, target, c)))?;
+        Ok(Proxy {
+            port,
+            ctl,
+            thread: Some(thread),
+        })
+    }
+
+    /// The loopback port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Resets every open connection (RST both ways); new ones go through.
+    pub fn cut(&self) {
+        self.ctl.cut.send_modify(|g| *g += 1);
+    }
+
+    /// Holds back every byte both ways (and new connections) until healed.
+    pub fn blackhole(&self, on: bool) {
+        self.ctl.blackhole.send_replace(on);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.ctl.stop.send_replace(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn serve(listener: std::net::TcpListener, target: SocketAddr, ctl: Arc<Ctl>) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+        return;
+    };
+    let mut stop = ctl.stop.subscribe();
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            a = listener.accept() => {
+                if let Ok((client, _)) = a {
+                    conns.spawn(connection(client, target, ctl.clone()));
+                }
+            }
+            _ = stop.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    // Dropping the set aborts every connection.
+}
+
+async fn connection(client: tokio::net::TcpStream, target: SocketAddr, ctl: Arc<Ctl>) {
+    let mut cut = ctl.cut.subscribe();
+    let mut hole = ctl.blackhole.subscribe();
+    // A partition holds back the handshake too.
+    if wait_open(&mut hole).await.is_err() {
+        return;
+    }
+    let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+        let _ = client.set_zero_linger();
+        return;
+    };
+    // Closing with linger 0 sends RST: a cut looks like a reset, not a
+    // polite close.
+    for s in [&client, &server] {
+        let _ = s.set_nodelay(true);
+        let _ = s.set_zero_linger();
+    }
+    cut.borrow_and_update();
+    let (cr, cw) = client.into_split();
+    let (sr, sw) = server.into_split();
+    tokio::select! {
+        _ = pump(cr, sw, ctl.blackhole.subscribe()) => {}
+        _ = pump(sr, cw, ctl.blackhole.subscribe()) => {}
+        _ = cut.changed() => {}
+    }
+}
+
+async fn wait_open(hole: &mut watch::Receiver<bool>) -> Result<(), watch::error::RecvError> {
+    while *hole.borrow_and_update() {
+        hole.changed().await?;
+    }
+    Ok(())
+}
+
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut hole: watch::Receiver<bool>) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if wait_open(&mut hole).await.is_err() {
+            return;
+        }
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            // Blackholed while waiting: stop reading.
+            _ = hole.changed() => continue,
+        };
+        // Bytes read as the hole opened are held back with the rest.
+        if wait_open(&mut hole).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::time::Duration;
+
+    fn echo_server() -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for s in l.incoming().take(8) {
+                let mut s = s.unwrap();
+                std::thread::spawn(move || {
+                    let mut b = [0u8; 64];
+                    while let Ok(n) = s.read(&mut b) {
+                        if n == 0 || s.write_all(&b[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn round_trip(s: &mut std::net::TcpStream, msg: &[u8]) -> std::io::Result<Vec<u8>> {
+        s.write_all(msg)?;
+        let mut b = vec![0u8; msg.len()];
+        s.read_exact(&mut b)?;
+        Ok(b)
+    }
+
+    #[test]
+    fn forwards_holds_back_and_cuts() {
+        let p = Proxy::start(echo_server()).unwrap();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", p.port())).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert_eq!(round_trip(&mut s, b"one").unwrap(), b"one");
+        // Blackholed: nothing comes back; healed: the held bytes arrive.
+        p.blackhole(true);
+        std::thread::sleep(Duration::from_millis(50));
+        s.write_all(b"two").unwrap();
+        let mut b = [0u8; 3];
+        assert!(
+            s.read_exact(&mut b).is_err(),
+            "a blackhole let bytes through"
+        );
+        p.blackhole(false);
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"two");
+        // Cut: the connection is reset; a new one works.
+        p.cut();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            round_trip(&mut s, b"three").is_err(),
+            "a cut connection still works"
+        );
+        let mut s2 = std::net::TcpStream::connect(("127.0.0.1", p.port())).unwrap();
+        s2.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(round_trip(&mut s2, b"four").unwrap(), b"four");
+    }
+}

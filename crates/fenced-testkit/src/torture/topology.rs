@@ -1,0 +1,361 @@
+//! The topologies `fenced torture --spawn` starts (RELIABILITY.md), and
+//! the server faults each can take.
+
+use super::{Family, Fault};
+use crate::servers::{
+    etcd::EtcdCluster,
+    mariadb::MariaDb,
+    postgres::PgServer,
+    redis::{RedisCluster, RedisMasters, RedisSentinel, RedisServer},
+    zookeeper::ZkEnsemble,
+};
+
+/// A topology by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// An SQLite file in a temp dir.
+    Sqlite,
+    /// One redis-server, no persistence.
+    Redis,
+    /// One redis-server with AOF `everysec`.
+    RedisAof,
+    /// A master, two replicas and three sentinels.
+    Sentinel,
+    /// A three-master Redis Cluster.
+    Cluster,
+    /// Five independent masters.
+    RedLock,
+    /// PostgreSQL, lease table.
+    Postgres,
+    /// PostgreSQL, advisory locks.
+    PostgresAdvisory,
+    /// MariaDB, lease table.
+    Mariadb,
+    /// MariaDB, `GET_LOCK`.
+    MariadbAdvisory,
+    /// A standalone ZooKeeper.
+    Zookeeper,
+    /// A three-node ZooKeeper ensemble.
+    Zookeeper3,
+    /// One etcd member.
+    Etcd,
+    /// Three etcd members.
+    Etcd3,
+}
+
+impl Topology {
+    /// Every topology.
+    pub const ALL: [Topology; 14] = [
+        Topology::Sqlite,
+        Topology::Redis,
+        Topology::RedisAof,
+        Topology::Sentinel,
+        Topology::Cluster,
+        Topology::RedLock,
+        Topology::Postgres,
+        Topology::PostgresAdvisory,
+        Topology::Mariadb,
+        Topology::MariadbAdvisory,
+        Topology::Zookeeper,
+        Topology::Zookeeper3,
+        Topology::Etcd,
+        Topology::Etcd3,
+    ];
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Topology::Sqlite => "sqlite",
+            Topology::Redis => "redis",
+            Topology::RedisAof => "redis-aof",
+            Topology::Sentinel => "sentinel",
+            Topology::Cluster => "cluster",
+            Topology::RedLock => "redlock",
+            Topology::Postgres => "postgres",
+            Topology::PostgresAdvisory => "postgres-advisory",
+            Topology::Mariadb => "mariadb",
+            Topology::MariadbAdvisory => "mariadb-advisory",
+            Topology::Zookeeper => "zookeeper",
+            Topology::Zookeeper3 => "zookeeper3",
+            Topology::Etcd => "etcd",
+            Topology::Etcd3 => "etcd3",
+        }
+    }
+
+    /// Parses a name from [`Topology::name`].
+    pub fn parse(s: &str) -> Result<Topology, String> {
+        Topology::ALL
+            .into_iter()
+            .find(|t| t.name() == s.trim())
+            .ok_or_else(|| {
+                let names: Vec<&str> = Topology::ALL.iter().map(|t| t.name()).collect();
+                format!(
+                    "unknown topology {s:?}; the topologies are {}",
+                    names.join(", ")
+                )
+            })
+    }
+
+    /// Whether the run can inject `fault` into this topology's servers.
+    pub fn takes(self, fault: Fault) -> bool {
+        use Topology as T;
+        match fault {
+            Fault::Restart => !matches!(self, T::Sqlite | T::Sentinel | T::Zookeeper3 | T::Etcd3),
+            Fault::Leader => matches!(self, T::Zookeeper3 | T::Etcd3),
+            Fault::Failover => self == T::Sentinel,
+            _ => true,
+        }
+    }
+
+    /// The family of backends it belongs to.
+    pub fn family(self) -> Family {
+        use Topology as T;
+        match self {
+            T::Sqlite => Family::Sqlite,
+            T::Redis | T::RedisAof => Family::Redis,
+            T::Sentinel => Family::Sentinel,
+            T::Cluster => Family::Cluster,
+            T::RedLock => Family::RedLock,
+            T::Postgres | T::Mariadb => Family::SqlLease,
+            T::PostgresAdvisory | T::MariadbAdvisory => Family::SqlAdvisory,
+            T::Zookeeper | T::Zookeeper3 => Family::ZooKeeper,
+            T::Etcd | T::Etcd3 => Family::Etcd,
+        }
+    }
+
+    /// Whether its clients reach it on one host:port, so a proxy can
+    /// stand in front of it.
+    pub fn one_endpoint(self) -> bool {
+        use Topology as T;
+        matches!(
+            self,
+            T::Redis
+                | T::RedisAof
+                | T::Postgres
+                | T::PostgresAdvisory
+                | T::Mariadb
+                | T::MariadbAdvisory
+                | T::Zookeeper
+                | T::Etcd
+        )
+    }
+
+    /// Every fault a run on this topology can inject.
+    pub fn faults(self) -> Vec<Fault> {
+        Fault::ALL
+            .into_iter()
+            .filter(|&f| {
+                self.takes(f)
+                    && super::expect(self.family(), Some(f)).is_some()
+                    && (!f.needs_proxy() || self.one_endpoint())
+            })
+            .collect()
+    }
+
+    /// Starts it: servers on random loopback ports in temp dirs, stopped
+    /// by PID when the value drops. Short session timeouts (3 s) so a
+    /// run sees several faults heal.
+    ///
+    /// # Panics
+    /// When a server will not start (the message says why); callers that
+    /// must not panic catch it.
+    pub fn start(self) -> Running {
+        use Topology as T;
+        let (servers, url) = match self {
+            T::Sqlite => {
+                let dir = tempfile::tempdir().expect("a temp dir for SQLite");
+                let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+                (Servers::Sqlite(dir), url)
+            }
+            T::Redis | T::RedisAof => {
+                let s = if self == T::RedisAof {
+                    RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "everysec"])
+                } else {
+                    RedisServer::start()
+                };
+                let url = s.url();
+                (Servers::Redis(s), url)
+            }
+            T::Sentinel => {
+                let g = RedisSentinel::start();
+                let url = g.url();
+                (Servers::Sentinel(g), url)
+            }
+            T::Cluster => {
+                let c = RedisCluster::start(3);
+                let url = c.url();
+                (Servers::Cluster(c), url)
+            }
+            T::RedLock => {
+                let m = RedisMasters::start(5);
+                let url = m.url();
+                (Servers::RedLock(m), url)
+            }
+            T::Postgres | T::PostgresAdvisory => {
+                let s = PgServer::start();
+                let q = if self == T::PostgresAdvisory {
+                    "?mode=advisory"
+                } else {
+                    ""
+                };
+                let url = format!("{}{q}", s.url());
+                (Servers::Postgres(s), url)
+            }
+            T::Mariadb | T::MariadbAdvisory => {
+                let s = MariaDb::start();
+                let q = if self == T::MariadbAdvisory {
+                    "?mode=advisory"
+                } else {
+                    ""
+                };
+                let url = format!("{}{q}", s.url());
+                (Servers::Mariadb(s), url)
+            }
+            T::Zookeeper | T::Zookeeper3 => {
+                let z = ZkEnsemble::start_n(if self == T::Zookeeper { 1 } else { 3 });
+                let url = format!("{}?session_timeout=3s", z.url());
+                (Servers::Zk(z), url)
+            }
+            T::Etcd | T::Etcd3 => {
+                let c = EtcdCluster::start_n(if self == T::Etcd { 1 } else { 3 });
+                let url = format!("{}?lease_ttl=3s", c.url());
+                (Servers::Etcd(c), url)
+            }
+        };
+        Running {
+            topology: self,
+            url,
+            servers,
+            down: None,
+        }
+    }
+}
+
+enum Servers {
+    /// Kept for its drop: the temp dir goes with the run.
+    #[allow(dead_code)]
+    Sqlite(tempfile::TempDir),
+    Redis(RedisServer),
+    Sentinel(RedisSentinel),
+    Cluster(RedisCluster),
+    RedLock(RedisMasters),
+    Postgres(PgServer),
+    Mariadb(MariaDb),
+    Zk(ZkEnsemble),
+    Etcd(EtcdCluster),
+}
+
+/// A started topology.
+pub struct Running {
+    /// What it is.
+    pub topology: Topology,
+    /// The backend URL its clients use.
+    pub url: String,
+    servers: Servers,
+    down: Option<usize>,
+}
+
+impl Running {
+    /// Puts a server fault into effect: SIGKILL the server (restart), the
+    /// leader (leader) or the master (failover). Returns what it killed.
+    pub fn fault(&mut self, fault: Fault) -> Result<String, String> {
+        if !self.topology.takes(fault) {
+            return Err(format!(
+                "{} cannot take the fault {}",
+                self.topology.name(),
+                fault.name()
+            ));
+        }
+        let (i, what) = match (&mut self.servers, fault) {
+            (Servers::Redis(s), Fault::Restart) => {
+                s.kill();
+                (0, format!("redis-server :{}", s.port))
+            }
+            (Servers::Cluster(c), Fault::Restart) => {
+                c.nodes[0].kill();
+                (0, format!("cluster master :{}", c.nodes[0].port))
+            }
+            (Servers::RedLock(m), Fault::Restart) => {
+                m.servers[0].kill();
+                (0, format!("RedLock master :{}", m.servers[0].port))
+            }
+            (Servers::Postgres(s), Fault::Restart) => {
+                s.kill();
+                (0, "postgres".to_owned())
+            }
+            (Servers::Mariadb(s), Fault::Restart) => {
+                s.kill();
+                (0, format!("mariadbd :{}", s.port))
+            }
+            (Servers::Zk(z), f) => {
+                let i = if f == Fault::Leader {
+                    z.leader().ok_or("no ZooKeeper node says it leads")?
+                } else {
+                    0
+                };
+                z.kill(i);
+                (i, format!("ZooKeeper node :{}", z.nodes[i].port))
+            }
+            (Servers::Etcd(c), f) => {
+                let i = if f == Fault::Leader {
+                    c.leader().ok_or("no etcd member says it leads")?
+                } else {
+                    0
+                };
+                c.kill(i);
+                (i, format!("etcd member {i}"))
+            }
+            (Servers::Sentinel(g), Fault::Failover) => {
+                let port = g.master_port().ok_or("the sentinels name no master")?;
+                let i = g
+                    .nodes
+                    .iter()
+                    .position(|n| n.port == port)
+                    .ok_or("the master is not one of the group's nodes")?;
+                g.nodes[i].kill();
+                (i, format!("master :{port}"))
+            }
+            _ => {
+                return Err(format!(
+                    "{} cannot take {}",
+                    self.topology.name(),
+                    fault.name()
+                ));
+            }
+        };
+        self.down = Some(i);
+        Ok(what)
+    }
+
+    /// Heals the fault: starts the killed server again on its data.
+    pub fn heal(&mut self) {
+        let Some(i) = self.down.take() else {
+            return;
+        };
+        match &mut self.servers {
+            Servers::Redis(s) => s.restart(),
+            Servers::Cluster(c) => c.nodes[i].restart(),
+            Servers::RedLock(m) => m.servers[i].restart(),
+            Servers::Postgres(s) => s.restart(),
+            Servers::Mariadb(s) => s.restart(),
+            Servers::Zk(z) => z.restart(i),
+            Servers::Etcd(c) => c.restart(i),
+            Servers::Sentinel(g) => g.nodes[i].restart(),
+            Servers::Sqlite(_) => {}
+        }
+    }
+
+    /// The single server's address when clients reach it on one port
+    /// (what a proxy can stand in front of).
+    pub fn single_endpoint(&self) -> Option<std::net::SocketAddr> {
+        let port = match &self.servers {
+            Servers::Redis(s) => s.port,
+            Servers::Postgres(s) => s.port,
+            Servers::Mariadb(s) => s.port,
+            Servers::Zk(z) if z.nodes.len() == 1 => z.nodes[0].port,
+            Servers::Etcd(c) if c.members.len() == 1 => c.members[0].port,
+            _ => return None,
+        };
+        Some(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+}
