@@ -47,12 +47,21 @@ pub(crate) struct BenchArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Draw the latency distributions and the rates against the limits
+    /// into FILE (SVG).
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
     /// S5: leases held at once.
     #[arg(long, default_value_t = 100_000)]
     leases: u32,
     /// S5: how long they are held.
     #[arg(long, default_value = "60s", value_parser = crate::parse_duration)]
     hold: Duration,
+    /// Start this topology here (the torture suite's list: redis,
+    /// postgres, zookeeper, ...) and bench it, instead of --backend.
+    #[cfg(feature = "torture")]
+    #[arg(long, value_parser = fenced_testkit::torture::topology::Topology::parse, value_name = "TOPOLOGY")]
+    spawn: Option<fenced_testkit::torture::topology::Topology>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -120,12 +129,32 @@ impl Report {
 }
 
 pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::Result<ExitCode> {
+    // Servers die with the thread that started them: this one, which
+    // outlives the bench.
+    #[cfg(feature = "torture")]
+    let (_servers, backend) = match args.spawn {
+        None => (None, backend),
+        Some(_) if backend.is_some() => bail!("give --backend or --spawn, not both"),
+        Some(t) => {
+            let r = crate::torture::start(t)?;
+            let url = r.url.clone();
+            (Some(r), Some(url))
+        }
+    };
+    if let Some(p) = &args.plot
+        && p.extension().and_then(|e| e.to_str()) != Some("svg")
+    {
+        bail!("--plot writes SVG: give a FILE.svg, not {}", p.display());
+    }
     let client = crate::connect(backend.as_deref()).await?;
     let url = client.url().to_owned();
+    let mut plot = Plot::default();
+    let bar = |what: &str, len: Option<u64>| progress(!args.json, what, len);
     let scheme = url.split(':').next().unwrap_or("").to_owned();
     let report = Report { json: args.json };
     #[cfg(feature = "zookeeper")]
     if let Some((rate, cmd)) = zk_limit(&url).await? {
+        plot.rates.push(("limit: raw write loop".into(), rate));
         report.row(
             json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
                           "ops_per_sec": rate}),
@@ -133,12 +162,14 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     }
     #[cfg(feature = "etcd")]
     if let Some((rate, cmd)) = etcd_limit(&url).await? {
+        plot.rates.push(("limit: raw write loop".into(), rate));
         report.row(
             json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
                           "ops_per_sec": rate}),
         );
     }
     if let Some((rate, cmd)) = sql_limit(&url).await? {
+        plot.rates.push(("limit: raw write loop".into(), rate));
         report.row(
             json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
                           "ops_per_sec": rate}),
@@ -146,6 +177,7 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     }
     let limits = redis_limits(&url)?;
     if let Some(l) = &limits {
+        plot.rates.push(("limit: SET / 2".into(), l.set / 2.0));
         for (rate, cmd) in [(l.set, &l.set_cmd), (l.eval, &l.eval_cmd)] {
             report.row(
                 json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
@@ -156,7 +188,12 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     for s in &args.scenarios {
         match s {
             Scenario::S1 => {
-                let r = s1(&client, args.iterations).await?;
+                let pb = bar("S1", Some(args.iterations));
+                let r = s1(&client, args.iterations, pb.as_ref()).await?;
+                pb.inspect(|b| b.finish_and_clear());
+                plot.latency
+                    .push(("S1 acquire+release".into(), r.total.clone()));
+                plot.rates.push(("S1".into(), r.ops));
                 let h = &r.total;
                 let mut row = json!({
                     "scenario": "S1", "backend": scheme, "clients": 1, "iterations": r.n,
@@ -172,7 +209,13 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
                 report.row(row);
             }
             Scenario::S3 => {
+                let pb = bar("S3", None);
                 let r = s2(&url, &client, &args, Some(1024)).await?;
+                pb.inspect(|b| b.finish_and_clear());
+                plot.latency
+                    .push(("S3 acquire+release".into(), r.wait.clone()));
+                plot.rates
+                    .push(("S3 (8 procs, 1,024 keys)".into(), r.total as f64 / r.secs));
                 report.row(json!({
                     "scenario": "S3", "backend": scheme, "clients": args.processes, "keys": 1024,
                     "duration_s": r.secs, "ops_per_sec": r.total as f64 / r.secs,
@@ -180,18 +223,32 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
                 }));
             }
             Scenario::S5 => {
-                let row = s5(&url, &args).await?;
+                let pb = bar("S5", Some(u64::from(args.leases)));
+                let row = s5(&url, &args, pb.clone()).await?;
+                pb.inspect(|b| b.finish_and_clear());
                 report.row(row);
             }
             Scenario::F1 => {
-                for row in crate::demo::bench_rows(&url, args.processes).await? {
+                let pb = bar("F1", None);
+                let rows = crate::demo::bench_rows(&url, args.processes).await?;
+                pb.inspect(|b| b.finish_and_clear());
+                for row in rows {
+                    if let Some(r) = row["ops_per_sec"].as_f64() {
+                        plot.rates
+                            .push((format!("F1 {}", row["mode"].as_str().unwrap_or("")), r));
+                    }
                     report.row(row);
                 }
             }
             Scenario::S2 => {
                 let calls0 = redis_calls(&url);
+                let pb = bar("S2", None);
                 let r = s2(&url, &client, &args, None).await?;
+                pb.inspect(|b| b.finish_and_clear());
                 let calls1 = redis_calls(&url);
+                plot.latency.push(("S2 wait".into(), r.wait.clone()));
+                plot.rates
+                    .push(("S2 (8 procs, one lock)".into(), r.total as f64 / r.secs));
                 let mut row = json!({
                     "scenario": "S2", "backend": scheme, "clients": args.processes,
                     "fair": args.fair, "duration_s": r.secs, "acquisitions": r.total,
@@ -212,7 +269,10 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
                 report.row(row);
             }
             Scenario::S4 => {
+                let pb = bar("S4", None);
                 let h = s4(&url, &client, args.handoffs, args.fair).await?;
+                pb.inspect(|b| b.finish_and_clear());
+                plot.latency.push(("S4 handoff".into(), h.clone()));
                 let mut row = json!({
                     "scenario": "S4", "backend": scheme, "clients": 2, "handoffs": h.len(),
                     "p50_us": h.value_at_quantile(0.5), "p99_us": h.value_at_quantile(0.99),
@@ -226,7 +286,132 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
         }
     }
     client.close().await;
+    if let Some(path) = &args.plot {
+        plot.draw(path, &scheme)?;
+        if !args.json {
+            eprintln!("fenced bench: plot written to {}", path.display());
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A progress bar (a bar with `len`, else a spinner with the time spent)
+/// on stderr when it is a terminal and the output is not JSON.
+fn progress(show: bool, what: &str, len: Option<u64>) -> Option<indicatif::ProgressBar> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    if !show || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return None;
+    }
+    let b = match len {
+        Some(n) => ProgressBar::new(n).with_style(
+            ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        ),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{prefix} {spinner} {elapsed} {msg}")
+                .expect("a valid template"),
+        ),
+    };
+    b.set_prefix(what.to_owned());
+    b.enable_steady_tick(Duration::from_millis(200));
+    Some(b)
+}
+
+/// What `--plot` draws: latency distributions and rates.
+#[derive(Default)]
+struct Plot {
+    latency: Vec<(String, Histogram<u64>)>,
+    rates: Vec<(String, f64)>,
+}
+
+impl Plot {
+    /// Two panels: latency by percentile (log µs) per scenario, and the
+    /// rates beside the limit.
+    fn draw(&self, path: &std::path::Path, backend: &str) -> anyhow::Result<()> {
+        use plotters::prelude::*;
+        let root = SVGBackend::new(path, (1100, 440)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (left, right) = root.split_horizontally(600);
+        let max_us = self
+            .latency
+            .iter()
+            .map(|(_, h)| h.max())
+            .max()
+            .unwrap_or(1)
+            .max(10);
+        let mut chart = ChartBuilder::on(&left)
+            .caption(
+                format!("{backend}: latency by percentile"),
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..3.0f64, (1f64..max_us as f64 * 2.0).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("percentile")
+            .y_desc("µs")
+            .x_labels(4)
+            .x_label_formatter(&|x| format!("p{}", 100.0 * (1.0 - 10f64.powf(-x))))
+            .draw()?;
+        for (i, (name, h)) in self.latency.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            // x = "nines": 1 is p90, 2 is p99, 3 is p99.9.
+            let points: Vec<(f64, f64)> = (0..=60)
+                .map(|k| {
+                    let x = f64::from(k) / 20.0;
+                    let q = (1.0 - 10f64.powf(-x)).min(0.9999);
+                    (x, h.value_at_quantile(q).max(1) as f64)
+                })
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.85))
+            .draw()?;
+        let n = self.rates.len().max(1);
+        let max_rate = self.rates.iter().map(|r| r.1).fold(1.0, f64::max);
+        let mut bars = ChartBuilder::on(&right)
+            .caption("operations per second", ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(170)
+            .build_cartesian_2d(0f64..max_rate * 1.1, 0f64..n as f64)?;
+        let names: Vec<String> = self.rates.iter().map(|r| r.0.clone()).collect();
+        bars.configure_mesh()
+            .disable_y_mesh()
+            .y_labels(n * 2 + 1)
+            .y_label_formatter(&|y| {
+                let i = (n as f64 - y - 0.5).round();
+                let centred = (n as f64 - y - 0.5 - i).abs() < 1e-6;
+                match (centred, names.get(i as usize)) {
+                    (true, Some(s)) => s.clone(),
+                    _ => String::new(),
+                }
+            })
+            .draw()?;
+        bars.draw_series(self.rates.iter().enumerate().map(|(i, (name, r))| {
+            let y = (n - 1 - i) as f64;
+            let color = if name.starts_with("limit") {
+                RGBColor(150, 150, 150)
+            } else {
+                RGBColor(40, 110, 180)
+            };
+            Rectangle::new([(0.0, y + 0.15), (*r, y + 0.85)], color.filled())
+        }))?;
+        root.present()?;
+        Ok(())
+    }
 }
 
 struct S1 {
@@ -237,7 +422,11 @@ struct S1 {
     secs: f64,
 }
 
-async fn s1(client: &fenced::Client, iterations: u64) -> anyhow::Result<S1> {
+async fn s1(
+    client: &fenced::Client,
+    iterations: u64,
+    pb: Option<&indicatif::ProgressBar>,
+) -> anyhow::Result<S1> {
     let lock = client.mutex("bench:s1")?;
     let mut h = Histogram::<u64>::new(3)?;
     let mut ha = Histogram::<u64>::new(3)?;
@@ -254,6 +443,11 @@ async fn s1(client: &fenced::Client, iterations: u64) -> anyhow::Result<S1> {
         g.release().await?;
         h.record(t.elapsed().as_micros() as u64)?;
         n += 1;
+        if n % 256 == 0
+            && let Some(b) = pb
+        {
+            b.set_position(n);
+        }
     }
     let secs = start.elapsed().as_secs_f64();
     Ok(S1 {
@@ -768,7 +962,11 @@ fn rss_and_cpu() -> (f64, f64) {
 
 /// S5: hold `--leases` leases (30 s, watchdog on) for `--hold`; RSS, CPU,
 /// the server commands the renewals cost, leases lost.
-async fn s5(url: &str, args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+async fn s5(
+    url: &str,
+    args: &BenchArgs,
+    pb: Option<indicatif::ProgressBar>,
+) -> anyhow::Result<serde_json::Value> {
     let client = fenced::Client::connect(url).await?;
     let n = args.leases;
     let (rss0, _) = rss_and_cpu();
@@ -797,6 +995,12 @@ async fn s5(url: &str, args: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let calls0 = redis_calls(url);
     let (_, cpu0) = rss_and_cpu();
     let hold_started = Instant::now();
+    if let Some(b) = &pb {
+        b.set_message(format!(
+            "holding {n} leases for {}",
+            humantime::format_duration(args.hold)
+        ));
+    }
     tokio::time::sleep(args.hold).await;
     let held_s = hold_started.elapsed().as_secs_f64();
     let (rss, cpu1) = rss_and_cpu();

@@ -474,9 +474,7 @@ pub(crate) async fn torture(
             if !args.json {
                 eprintln!("fenced torture: starting {} ...", t.name());
             }
-            // Servers die with the thread that started them: this one.
-            let r = std::panic::catch_unwind(|| t.start())
-                .map_err(|p| anyhow::anyhow!("could not start {}: {}", t.name(), panic_text(&p)))?;
+            let r = start(t)?;
             let url = r.url.clone();
             running = Some(r);
             url
@@ -744,6 +742,13 @@ pub(crate) async fn torture(
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts a topology's servers on this thread (they die with it), with
+/// a launcher's panic turned into an error.
+pub(crate) fn start(t: Topology) -> anyhow::Result<Running> {
+    std::panic::catch_unwind(|| t.start())
+        .map_err(|p| anyhow::anyhow!("could not start {}: {}", t.name(), panic_text(&p)))
 }
 
 async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
