@@ -27,8 +27,12 @@ use std::time::{Duration, Instant};
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
     /// Scenarios to run.
-    #[arg(required = true, value_enum)]
+    #[arg(required_unless_present = "table", value_enum)]
     scenarios: Vec<Scenario>,
+    /// Print the rows in FILE (JSON lines from `--json` runs) as Markdown
+    /// tables, one per scenario, and exit.
+    #[arg(long, value_name = "FILE")]
+    table: Option<std::path::PathBuf>,
     /// S1 iterations.
     #[arg(long, default_value_t = 20_000)]
     iterations: u64,
@@ -105,10 +109,13 @@ fn mono_ns() -> u64 {
 
 struct Report {
     json: bool,
+    /// What was benched: the topology, or the URL's scheme (and mode).
+    target: String,
 }
 
 impl Report {
-    fn row(&self, v: serde_json::Value) {
+    fn row(&self, mut v: serde_json::Value) {
+        v["target"] = json!(self.target);
         if self.json {
             println!("{v}");
             return;
@@ -129,6 +136,12 @@ impl Report {
 }
 
 pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if let Some(path) = &args.table {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        print!("{}", tables(&text)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     // Servers die with the thread that started them: this one, which
     // outlives the bench.
     #[cfg(feature = "torture")]
@@ -151,7 +164,22 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     let mut plot = Plot::default();
     let bar = |what: &str, len: Option<u64>| progress(!args.json, what, len);
     let scheme = url.split(':').next().unwrap_or("").to_owned();
-    let report = Report { json: args.json };
+    #[cfg(feature = "torture")]
+    let target = args.spawn.map(|t| t.name().to_owned());
+    #[cfg(not(feature = "torture"))]
+    let target: Option<String> = None;
+    let target = target.unwrap_or_else(|| {
+        let advisory = if url.contains("mode=advisory") {
+            "-advisory"
+        } else {
+            ""
+        };
+        format!("{scheme}{advisory}")
+    });
+    let report = Report {
+        json: args.json,
+        target,
+    };
     #[cfg(feature = "zookeeper")]
     if let Some((rate, cmd)) = zk_limit(&url).await? {
         plot.rates.push(("limit: raw write loop".into(), rate));
@@ -1038,4 +1066,128 @@ async fn s5(
         row["server_commands_per_sec"] = json!((b.saturating_sub(a + 1)) as f64 / held_s);
     }
     Ok(row)
+}
+
+/// The rows of several runs (JSON lines) as Markdown tables, one per
+/// scenario, each figure beside the engine's limit from the same run.
+fn tables(jsonl: &str) -> anyhow::Result<String> {
+    let rows: Vec<serde_json::Value> = jsonl
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .context("a line is not a bench row")?;
+    let num = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    // Per target: the single-client write limit, as acquire+release pairs/s.
+    let limit = |target: &str| -> Option<(f64, String)> {
+        rows.iter()
+            .filter(|r| r["limit"] == true && r["target"] == target)
+            .find_map(|r| {
+                let cmd = r["command"].as_str().unwrap_or("");
+                let rate = num(r, "ops_per_sec");
+                if cmd.contains("-t set") {
+                    Some((rate / 2.0, "SET/2".to_owned()))
+                } else if cmd.contains("EVAL") {
+                    None
+                } else if cmd.contains("INSERT") {
+                    Some((rate / 2.0, "upsert/2".to_owned()))
+                } else {
+                    Some((rate, "create+delete".to_owned()))
+                }
+            })
+    };
+    let of = |s: &'static str| rows.iter().filter(move |r| r["scenario"] == s);
+    let t = |r: &serde_json::Value| r["target"].as_str().unwrap_or("?").to_owned();
+    let mut out = String::new();
+    out += "### S1 uncontended (1 client, acquire + release)\n\n\
+             | target | ops/s | p50 µs | p99 µs | p99.9 µs | limit pairs/s (what) | ratio |\n\
+             |---|---|---|---|---|---|---|\n";
+    for r in of("S1") {
+        let (l, what) = limit(&t(r)).unwrap_or((f64::NAN, "–".into()));
+        out += &format!(
+            "| {} | {:.0} | {} | {} | {} | {:.0} ({what}) | {:.2} |\n",
+            t(r),
+            num(r, "ops_per_sec"),
+            r["p50_us"],
+            r["p99_us"],
+            r["p999_us"],
+            l,
+            num(r, "ops_per_sec") / l
+        );
+    }
+    out += "\n### S2 contended (8 processes, one lock, read-modify-write of a counter)\n\n\
+             | target | fair | acquisitions/s | wait p50 / p99 µs | Jain | run length mean (max) | server requests per acquisition | lost updates |\n\
+             |---|---|---|---|---|---|---|---|\n";
+    for r in of("S2") {
+        out += &format!(
+            "| {} | {} | {:.0} | {} / {} | {:.2} | {:.1} ({}) | {} | {} |\n",
+            t(r),
+            r["fair"],
+            num(r, "ops_per_sec"),
+            r["p50_us"],
+            r["p99_us"],
+            num(r, "jain"),
+            num(r, "run_length_mean"),
+            r["run_length_max"],
+            r["server_requests_per_op"]
+                .as_f64()
+                .map_or("–".into(), |x| format!("{x:.1}")),
+            r["lost_updates"]
+        );
+    }
+    out += "\n### S3 many keys (8 processes, 1,024 keys)\n\n\
+             | target | ops/s | p50 µs | p99 µs |\n|---|---|---|---|\n";
+    for r in of("S3") {
+        out += &format!(
+            "| {} | {:.0} | {} | {} |\n",
+            t(r),
+            num(r, "ops_per_sec"),
+            r["p50_us"],
+            r["p99_us"]
+        );
+    }
+    out += "\n### S4 handoff (release in A to acquire in B)\n\n\
+             | target | p50 µs | p99 µs | p50 in SET round trips |\n|---|---|---|---|\n";
+    for r in of("S4") {
+        out += &format!(
+            "| {} | {} | {} | {} |\n",
+            t(r),
+            r["p50_us"],
+            r["p99_us"],
+            r["p50_round_trips"]
+                .as_f64()
+                .map_or("–".into(), |x| format!("{x:.1}"))
+        );
+    }
+    out += "\n### S5 held-lease scale (1 process, leases of 30 s, watchdog on)\n\n\
+             | target | leases | held s | acquire/s | RSS MB | CPU % | server commands/s | leases lost |\n\
+             |---|---|---|---|---|---|---|---|\n";
+    for r in of("S5") {
+        out += &format!(
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {} | {} |\n",
+            t(r),
+            r["leases"],
+            num(r, "duration_s"),
+            num(r, "acquire_per_sec"),
+            num(r, "rss_mb"),
+            num(r, "cpu_percent"),
+            r["server_commands_per_sec"]
+                .as_f64()
+                .map_or("–".into(), |x| format!("{x:.1}")),
+            r["leases_lost"]
+        );
+    }
+    out += "\n### F1 flash sale (stock 1,000, 8 processes, 100,000 attempts)\n\n\
+             | target | mode | sold | oversold | purchases/s |\n|---|---|---|---|---|\n";
+    for r in of("F1") {
+        out += &format!(
+            "| {} | {} | {} | {} | {:.0} |\n",
+            t(r),
+            r["mode"].as_str().unwrap_or(""),
+            r["sold"],
+            r["oversold"],
+            num(r, "ops_per_sec")
+        );
+    }
+    Ok(out)
 }

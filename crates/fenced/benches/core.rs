@@ -37,37 +37,32 @@ fn cpu_time() -> Duration {
     tv(usage.user_time()) + tv(usage.system_time())
 }
 
+/// One acquire + release of `bench` on `client`, as a criterion bench.
+fn cycle(c: &mut Criterion, rt: &tokio::runtime::Runtime, what: &str, client: &fenced::Client) {
+    let lock = client.mutex("bench").expect("a name");
+    c.bench_function(what, |b| {
+        b.to_async(rt).iter(|| async {
+            let g = lock.acquire().await.expect("free");
+            g.release().await.expect("held")
+        })
+    });
+}
+
 fn acquire_release(c: &mut Criterion) {
     let rt = runtime();
-    let client = rt
-        .block_on(fenced::Client::connect("memory://bench-ar"))
-        .expect("memory://");
-    let lock = client.mutex("bench").expect("a name");
-    c.bench_function("acquire+release, empty hold table", |b| {
-        b.to_async(&rt).iter(|| async {
-            lock.acquire()
-                .await
-                .expect("free")
-                .release()
-                .await
-                .expect("held")
-        })
-    });
-    let busy = rt
-        .block_on(fenced::Client::connect("memory://bench-busy"))
-        .expect("memory://");
+    let connect = |ns: &str| {
+        rt.block_on(fenced::Client::connect(&format!("memory://{ns}")))
+            .expect("memory://")
+    };
+    cycle(
+        c,
+        &rt,
+        "acquire+release, empty hold table",
+        &connect("bench-ar"),
+    );
+    let busy = connect("bench-busy");
     let _held = rt.block_on(hold(&busy, 100_000, Duration::from_secs(600)));
-    let lock = busy.mutex("bench").expect("a name");
-    c.bench_function("acquire+release, 100,000 other holds", |b| {
-        b.to_async(&rt).iter(|| async {
-            lock.acquire()
-                .await
-                .expect("free")
-                .release()
-                .await
-                .expect("held")
-        })
-    });
+    cycle(c, &rt, "acquire+release, 100,000 other holds", &busy);
 }
 
 fn watchdog(c: &mut Criterion) {

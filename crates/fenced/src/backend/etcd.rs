@@ -574,16 +574,7 @@ impl Inner {
     /// tried again for a while (a leader election), then left to the
     /// session lease.
     async fn end_patiently(&self, hold_id: &str) {
-        let mut pause = Duration::from_millis(50);
-        for _ in 0..20 {
-            match self.end(hold_id).await {
-                Err(e) if e.is_transient() => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-                _ => return,
-            }
-        }
+        super::queue::retry_transient(|| self.end(hold_id)).await
     }
 }
 

@@ -117,6 +117,27 @@ where
     )))
 }
 
+/// Runs `end` (a withdrawal or release) until it succeeds or fails for
+/// good, backing off 50 ms doubling to 1 s over transient errors (a
+/// leader election, a reconnect), at most 20 tries. Used where the caller
+/// has gone and nobody is left to retry.
+pub(crate) async fn retry_transient<F, Fut, T>(mut end: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = crate::error::Result<T>>,
+{
+    let mut pause = std::time::Duration::from_millis(50);
+    for _ in 0..20 {
+        match end().await {
+            Err(e) if e.is_transient() => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(1));
+            }
+            _ => return,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

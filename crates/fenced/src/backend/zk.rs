@@ -583,16 +583,7 @@ impl Inner {
 
     /// [`end`](Self::end), trying transient errors again for a while.
     async fn end_patiently(&self, hold_id: &str) {
-        let mut pause = Duration::from_millis(50);
-        for _ in 0..20 {
-            match self.end(hold_id).await {
-                Err(e) if e.is_transient() => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-                _ => return,
-            }
-        }
+        super::queue::retry_transient(|| self.end(hold_id)).await
     }
 
     /// Keeps the largest released token of `name`.
