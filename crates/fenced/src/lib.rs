@@ -67,6 +67,26 @@ mod url;
 mod versioned;
 
 pub use crate::backend::{HolderInfo, LockStatus, Mode};
+
+/// Counters for benchmarks and monitoring.
+pub mod metrics {
+    /// Requests this process has sent to Redis servers on command
+    /// connections, all clients together (a pipeline or a script call is
+    /// one round trip; pub/sub traffic is not counted). 0 without the
+    /// `redis` feature.
+    ///
+    /// ```
+    /// let before = fenced::metrics::redis_round_trips();
+    /// // ... lock and unlock on a redis:// client ...
+    /// assert!(fenced::metrics::redis_round_trips() >= before);
+    /// ```
+    pub fn redis_round_trips() -> u64 {
+        #[cfg(feature = "redis")]
+        return crate::backend::redis::ROUND_TRIPS.load(std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(feature = "redis"))]
+        0
+    }
+}
 pub use crate::client::{BACKEND_ENV, Client};
 pub use crate::core::hold::LostReason;
 pub use crate::election::{Election, Leader, Leadership};

@@ -22,6 +22,7 @@
 //! without persistence.
 
 mod conn;
+pub(crate) use conn::ROUND_TRIPS;
 pub(crate) mod redlock;
 mod scripts;
 mod subscribe;
