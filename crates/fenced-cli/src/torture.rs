@@ -38,8 +38,8 @@ pub(crate) struct TortureArgs {
     #[arg(long, value_parser = Topology::parse, value_name = "TOPOLOGY")]
     spawn: Option<Topology>,
     /// Faults to inject in turn (comma-separated): kill, pause, cut,
-    /// partition, restart, leader, failover; `all` for every one the
-    /// backend takes; `none` for contention only.
+    /// partition, restart, leader, failover, clock; `all` for every one
+    /// the backend takes; `none` for contention only.
     #[arg(long, default_value = "all", value_name = "LIST")]
     faults: String,
     /// Worker processes.
@@ -272,6 +272,9 @@ struct Run {
     urls: Vec<(String, Option<Proxy>)>,
     /// Per worker: its stdin, to ask for a slow section.
     stdins: HashMap<u32, tokio::process::ChildStdin>,
+    /// libfaketime, when the run steps clocks: each worker reads its
+    /// offset from `clock-<id>` in the logs dir.
+    faketime: Option<std::path::PathBuf>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -279,7 +282,17 @@ impl Run {
     /// Starts worker `id` on `url`; a reader task records its events.
     fn spawn(&mut self, id: u32, url: &str) -> anyhow::Result<()> {
         let log = std::fs::File::create(self.logs.join(format!("worker-{id}.log")))?;
-        let mut child = tokio::process::Command::new(&self.exe)
+        let mut cmd = tokio::process::Command::new(&self.exe);
+        if let Some(lib) = &self.faketime {
+            let offset = self.clock_file(id);
+            std::fs::write(&offset, "+0")?;
+            // The wall clock only: event stamps and timers stay true.
+            cmd.env("LD_PRELOAD", lib)
+                .env("FAKETIME_TIMESTAMP_FILE", &offset)
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let mut child = cmd
             .arg("--backend")
             .arg(url)
             .arg("torture-worker")
@@ -356,6 +369,20 @@ impl Run {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         None
+    }
+
+    fn clock_file(&self, id: u32) -> std::path::PathBuf {
+        self.logs.join(format!("clock-{id}"))
+    }
+
+    /// A live worker that does not hold the lock now.
+    fn waiter(&self) -> Option<(u32, u32)> {
+        let l = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        l.workers
+            .iter()
+            .filter(|(w, s)| !s.1 && self.stdins.contains_key(w))
+            .map(|(&w, s)| (w, s.0))
+            .min()
     }
 
     fn driver_event(&self, e: Kind) {
@@ -555,8 +582,21 @@ pub(crate) async fn torture(
         live: Shared::default(),
         urls: Vec::new(),
         stdins: HashMap::new(),
+        faketime: None,
         tasks: Vec::new(),
     };
+    if faults.contains(&Fault::Clock) {
+        let lib = [
+            "/usr/lib/x86_64-linux-gnu/faketime",
+            "/usr/lib/aarch64-linux-gnu/faketime",
+            "/usr/lib/faketime",
+        ]
+        .iter()
+        .map(|d| std::path::Path::new(d).join("libfaketime.so.1"))
+        .find(|p| p.is_file())
+        .context("the fault clock needs libfaketime: apt-get install faketime")?;
+        run.faketime = Some(lib);
+    }
     let worker_url = |run: &mut Run| -> anyhow::Result<String> {
         if !proxied {
             return Ok(url.clone());
@@ -580,7 +620,7 @@ pub(crate) async fn torture(
     // Leave room after the last fault for the lock to be granted again.
     let room = |f: Fault| {
         let lasts = match f {
-            Fault::Pause | Fault::Partition => free_after + Duration::from_secs(1),
+            Fault::Pause | Fault::Partition | Fault::Clock => free_after + Duration::from_secs(2),
             Fault::Failover => Duration::from_secs(5),
             _ => Duration::from_secs(2),
         };
@@ -599,10 +639,11 @@ pub(crate) async fn torture(
                 (until - mono_ns()) / 1_000_000_000
             );
         }
-        let victim = if f.needs_spawn() {
-            None
-        } else {
-            run.holder().await
+        let victim = match f {
+            _ if f.needs_spawn() => None,
+            // A waiter whose clock runs ahead sees the holder's lease over.
+            Fault::Clock => run.waiter(),
+            _ => run.holder().await,
         };
         if !f.needs_spawn() && victim.is_none() {
             timeline.push(json!({"t_ms": (mono_ns() - start) / 1_000_000, "fault": f.name(), "skipped": "no holder"}));
@@ -645,6 +686,17 @@ pub(crate) async fn torture(
             (Fault::Cut, Some((w, _))) => {
                 run.urls[w as usize - 1].1.as_ref().expect("proxied").cut();
                 format!("reset worker {w}'s connections")
+            }
+            (Fault::Clock, Some((w, _))) => {
+                let ahead = free_after + Duration::from_secs(3);
+                std::fs::write(run.clock_file(w), format!("+{}", ahead.as_secs()))?;
+                tokio::time::sleep(free_after + Duration::from_secs(2)).await;
+                std::fs::write(run.clock_file(w), "+0")?;
+                format!(
+                    "worker {w}'s wall clock {}s ahead for {:?}",
+                    ahead.as_secs(),
+                    free_after + Duration::from_secs(2)
+                )
             }
             (Fault::Partition, Some((w, _))) => {
                 let p = run.urls[w as usize - 1].1.as_ref().expect("proxied");

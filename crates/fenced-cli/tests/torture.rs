@@ -16,7 +16,7 @@ use std::process::Command;
 fn cost(f: Fault) -> u64 {
     match f {
         Fault::Kill | Fault::Cut => 3,
-        Fault::Pause | Fault::Partition => 7,
+        Fault::Pause | Fault::Partition | Fault::Clock => 7,
         Fault::Restart | Fault::Leader => 9,
         Fault::Failover => 14,
     }
@@ -84,10 +84,10 @@ fn torture(topology: Topology) {
         return;
     }
     let r = run(topology, &loose);
-    // A pause or partition past the lease must show: another worker got
-    // the lock while the victim still believed it held it.
+    // A pause or partition past the lease, or a clock run ahead, must
+    // show: two workers believed they held the lock at once.
     let breaks_exclusion = loose.iter().any(|&f| {
-        matches!(f, Fault::Pause | Fault::Partition)
+        matches!(f, Fault::Pause | Fault::Partition | Fault::Clock)
             && expect(family, Some(f)).unwrap().exclusion == Claim::Measured
     });
     if breaks_exclusion {

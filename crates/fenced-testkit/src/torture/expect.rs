@@ -22,11 +22,15 @@ pub enum Fault {
     Leader,
     /// SIGKILL the master of a Sentinel group; a replica is promoted.
     Failover,
+    /// Step a waiting worker's wall clock forward past the lease
+    /// (libfaketime), then back: only backends that read the client's
+    /// clock take it.
+    Clock,
 }
 
 impl Fault {
     /// Every fault, in the order a mixed run cycles through them.
-    pub const ALL: [Fault; 7] = [
+    pub const ALL: [Fault; 8] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Cut,
@@ -34,6 +38,7 @@ impl Fault {
         Fault::Restart,
         Fault::Leader,
         Fault::Failover,
+        Fault::Clock,
     ];
 
     /// Its name on the command line.
@@ -46,6 +51,7 @@ impl Fault {
             Fault::Restart => "restart",
             Fault::Leader => "leader",
             Fault::Failover => "failover",
+            Fault::Clock => "clock",
         }
     }
 
@@ -227,6 +233,15 @@ pub fn expect(family: Family, fault: Option<Fault>) -> Option<Expect> {
                 ..must
             },
             B::SqlLease | B::ZooKeeper | B::Etcd => must,
+        },
+        // SQLite's leases end by the host's wall clock: a process whose
+        // clock runs ahead sees a live lease as over.
+        Some(Fault::Clock) => match family {
+            B::Sqlite => Expect {
+                exclusion: M,
+                ..must
+            },
+            _ => return None,
         },
         Some(Fault::Leader) => match family {
             B::ZooKeeper | B::Etcd => must,
