@@ -128,20 +128,23 @@ pub(crate) async fn worker(backend: Option<String>, args: WorkerArgs) -> anyhow:
         .register(COUNTER)?;
     let lock = client.mutex(&args.name)?.lease(args.lease);
     let mut rng = fastrand::Rng::with_seed(args.seed);
-    // `slow` on stdin: stay in the next critical section for a while, so
-    // the driver can aim a fault at a holder that has read and not yet
-    // written (the GC-pause case).
-    let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // `slow MS` on stdin: stay MS in the next critical section, so the
+    // driver can aim a fault at a holder that has read and not yet
+    // written (the GC-pause case). 0: no request.
+    let slow = Arc::new(std::sync::atomic::AtomicU64::new(0));
     std::thread::spawn({
         let slow = slow.clone();
         move || {
             use std::io::BufRead;
             for l in std::io::stdin().lock().lines() {
                 match l {
-                    Ok(l) if l.trim() == "slow" => {
-                        slow.store(true, std::sync::atomic::Ordering::SeqCst)
+                    Ok(l) => {
+                        if let Some(ms) =
+                            l.trim().strip_prefix("slow ").and_then(|v| v.parse().ok())
+                        {
+                            slow.store(ms, std::sync::atomic::Ordering::SeqCst)
+                        }
                     }
-                    Ok(_) => {}
                     Err(_) => break,
                 }
             }
@@ -185,9 +188,10 @@ pub(crate) async fn worker(backend: Option<String>, args: WorkerArgs) -> anyhow:
             Ok(v) => {
                 let v = v.unwrap_or(0);
                 let mut hold = Duration::from_micros(rng.u64(0..=args.hold_max.as_micros() as u64));
-                if slow.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                let ms = slow.swap(0, std::sync::atomic::Ordering::SeqCst);
+                if ms > 0 {
                     emit(Kind::InSection { token });
-                    hold = Duration::from_secs(1);
+                    hold = Duration::from_millis(ms);
                 }
                 tokio::time::sleep(hold).await;
                 let sent = mono_ns();
@@ -340,9 +344,11 @@ impl Run {
         Ok(())
     }
 
-    /// A worker inside its critical section: asks live workers for a slow
-    /// section and waits (up to 5 s) for the first to say it is in one.
-    async fn holder(&mut self) -> Option<(u32, u32)> {
+    /// A worker inside its critical section: asks live workers for a
+    /// section of `section` and waits (up to 5 s) for the first to say it
+    /// is in one.
+    async fn holder(&mut self, section: Duration) -> Option<(u32, u32)> {
+        let ask = format!("slow {}\n", section.as_millis());
         use tokio::io::AsyncWriteExt;
         self.live
             .lock()
@@ -352,7 +358,7 @@ impl Run {
         let ids: Vec<u32> = self.stdins.keys().copied().collect();
         for id in ids {
             if let Some(s) = self.stdins.get_mut(&id)
-                && s.write_all(b"slow\n").await.is_err()
+                && s.write_all(ask.as_bytes()).await.is_err()
             {
                 self.stdins.remove(&id);
             }
@@ -643,7 +649,11 @@ pub(crate) async fn torture(
             _ if f.needs_spawn() => None,
             // A waiter whose clock runs ahead sees the holder's lease over.
             Fault::Clock => run.waiter(),
-            _ => run.holder().await,
+            // Cut off past the lease, the holder is still in its section
+            // when the lock goes to another: its write must be refused and
+            // its lost signal must have fired.
+            Fault::Partition => run.holder(free_after + Duration::from_secs(2)).await,
+            _ => run.holder(Duration::from_secs(1)).await,
         };
         if !f.needs_spawn() && victim.is_none() {
             timeline.push(json!({"t_ms": (mono_ns() - start) / 1_000_000, "fault": f.name(), "skipped": "no holder"}));
