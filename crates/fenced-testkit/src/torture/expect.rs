@@ -178,8 +178,12 @@ pub fn expect(family: Family, fault: Option<Fault>) -> Option<Expect> {
         None | Some(Fault::Kill) => must,
         // A stopped holder still believes it holds when it wakes; the
         // fence must refuse its late write. A session lock (advisory)
-        // stays with the stopped process: nobody else gets in, by design.
+        // stays with the stopped process: nobody else gets in, by design,
+        // but a holder whose lease ran out on its own clock and writes
+        // anyway can still lose an update the fence cannot see (the next
+        // holder has not written yet).
         Some(Fault::Pause) if advisory => Expect {
+            exclusion: M,
             liveness: M,
             ..must
         },
@@ -202,6 +206,7 @@ pub fn expect(family: Family, fault: Option<Fault>) -> Option<Expect> {
         Some(Fault::Partition) => match family {
             B::Sqlite => return None,
             B::SqlAdvisory => Expect {
+                exclusion: M,
                 liveness: M,
                 ..must
             },

@@ -276,6 +276,19 @@ fn drop_session(inner: &Inner, id: i64) {
         tracing::warn!(lease = id, "etcd session lease lost; its holds are lost");
         inner.session.epoch.fetch_add(1, Ordering::AcqRel);
         inner.wakeups.bump_all();
+        // A lease we stopped hearing about may still live on the server,
+        // keeping our keys in every queue; each leader election resets its
+        // TTL, so under a string of elections it never runs out (the
+        // torture suite's leader fault blocked a lock for 20 s). Revoke
+        // it until the server answers.
+        let (etcd, label) = (inner.etcd.clone(), inner.label.clone());
+        tokio::spawn(async move {
+            let revoke = || {
+                let (mut etcd, label) = (etcd.clone(), label.clone());
+                async move { etcd.lease_revoke(id).await.map_err(|e| map_err(&label, e)) }
+            };
+            super::queue::retry_transient(revoke, super::queue::TRIES_IN_BACKGROUND, || true).await;
+        });
     }
 }
 
@@ -489,12 +502,13 @@ impl Inner {
                 let id = req.hold_id.clone();
                 tokio::spawn(async move {
                     lease_runs_out(rx).await;
-                    me.end_patiently(&id).await;
+                    me.end_patiently(&id, super::queue::TRIES_WAITED_ON).await;
                 });
                 Ok(Outcome::Granted { token: rev as u64 })
             }
             _ if !req.will_wait => {
-                self.end_patiently(&req.hold_id).await;
+                self.end_patiently(&req.hold_id, super::queue::TRIES_WAITED_ON)
+                    .await;
                 Ok(Outcome::Busy(Blocked {
                     ticket: None,
                     retry_after: None,
@@ -573,8 +587,10 @@ impl Inner {
     /// [`end`](Self::end) in the background's way: transient errors are
     /// tried again for a while (a leader election), then left to the
     /// session lease.
-    async fn end_patiently(&self, hold_id: &str) {
-        super::queue::retry_transient(|| self.end(hold_id)).await
+    async fn end_patiently(&self, hold_id: &str, tries: u32) {
+        let epoch = self.session.epoch.load(Ordering::Acquire);
+        let same_session = || self.session.epoch.load(Ordering::Acquire) == epoch;
+        super::queue::retry_transient(|| self.end(hold_id), tries, same_session).await
     }
 }
 
@@ -624,7 +640,22 @@ impl Backend for EtcdBackend {
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.inner.end(&hold.hold_id))
+        Box::pin(async move {
+            let r = self.inner.end(&hold.hold_id).await;
+            if r.as_ref().is_err_and(|e| e.is_transient()) {
+                // The key lives as long as the session: keep at it after
+                // the caller's retries give up (a string of leader
+                // elections outlasts them; the torture suite's leader
+                // fault left a lock blocked for 20 s).
+                let (inner, id) = (self.inner.clone(), hold.hold_id.clone());
+                tokio::spawn(async move {
+                    inner
+                        .end_patiently(&id, super::queue::TRIES_IN_BACKGROUND)
+                        .await
+                });
+            }
+            r
+        })
     }
 
     fn abandon<'a>(
@@ -634,7 +665,9 @@ impl Backend for EtcdBackend {
         hold_id: &'a str,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.inner.end_patiently(hold_id).await;
+            self.inner
+                .end_patiently(hold_id, super::queue::TRIES_WAITED_ON)
+                .await;
             Ok(())
         })
     }

@@ -119,15 +119,21 @@ where
 
 /// Runs `end` (a withdrawal or release) until it succeeds or fails for
 /// good, backing off 50 ms doubling to 1 s over transient errors (a
-/// leader election, a reconnect), at most 20 tries. Used where the caller
-/// has gone and nobody is left to retry.
-pub(crate) async fn retry_transient<F, Fut, T>(mut end: F)
+/// leader election, a reconnect), at most `tries` times and while `worth`
+/// says the session that owns the key or node still lives (when it ends,
+/// the key goes with it). Used where the caller has gone: a hold whose key
+/// outlived a failed release would block the lock for as long as the
+/// client's session lives.
+pub(crate) async fn retry_transient<F, Fut, T>(mut end: F, tries: u32, worth: impl Fn() -> bool)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = crate::error::Result<T>>,
 {
     let mut pause = std::time::Duration::from_millis(50);
-    for _ in 0..20 {
+    for _ in 0..tries {
+        if !worth() {
+            return;
+        }
         match end().await {
             Err(e) if e.is_transient() => {
                 tokio::time::sleep(pause).await;
@@ -137,6 +143,11 @@ where
         }
     }
 }
+
+/// Tries for a withdrawal someone waits on (about 15 s).
+pub(crate) const TRIES_WAITED_ON: u32 = 20;
+/// Tries for a release nobody waits on any more (about 10 minutes).
+pub(crate) const TRIES_IN_BACKGROUND: u32 = 600;
 
 #[cfg(test)]
 mod tests {

@@ -472,14 +472,15 @@ impl Inner {
                 let id = req.hold_id.clone();
                 tokio::spawn(async move {
                     lease_runs_out(rx).await;
-                    me.end_patiently(&id).await;
+                    me.end_patiently(&id, super::queue::TRIES_WAITED_ON).await;
                 });
                 Ok(Outcome::Granted {
                     token: token as u64,
                 })
             }
             _ if !req.will_wait => {
-                self.end_patiently(&req.hold_id).await;
+                self.end_patiently(&req.hold_id, super::queue::TRIES_WAITED_ON)
+                    .await;
                 Ok(Outcome::Busy(Blocked {
                     ticket: None,
                     retry_after: None,
@@ -582,8 +583,10 @@ impl Inner {
     }
 
     /// [`end`](Self::end), trying transient errors again for a while.
-    async fn end_patiently(&self, hold_id: &str) {
-        super::queue::retry_transient(|| self.end(hold_id)).await
+    async fn end_patiently(&self, hold_id: &str, tries: u32) {
+        // A session that ends takes its nodes with it; a terminal session
+        // error is not transient and stops the retries.
+        super::queue::retry_transient(|| self.end(hold_id), tries, || true).await
     }
 
     /// Keeps the largest released token of `name`.
@@ -694,7 +697,20 @@ impl Backend for ZkBackend {
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.inner.end(&hold.hold_id))
+        Box::pin(async move {
+            let r = self.inner.end(&hold.hold_id).await;
+            if r.as_ref().is_err_and(|e| e.is_transient()) {
+                // The node lives as long as the session: keep at it after
+                // the caller's retries give up.
+                let (inner, id) = (self.inner.clone(), hold.hold_id.clone());
+                tokio::spawn(async move {
+                    inner
+                        .end_patiently(&id, super::queue::TRIES_IN_BACKGROUND)
+                        .await
+                });
+            }
+            r
+        })
     }
 
     fn abandon<'a>(
@@ -704,7 +720,9 @@ impl Backend for ZkBackend {
         hold_id: &'a str,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.inner.end_patiently(hold_id).await;
+            self.inner
+                .end_patiently(hold_id, super::queue::TRIES_WAITED_ON)
+                .await;
             Ok(())
         })
     }
