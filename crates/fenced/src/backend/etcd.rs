@@ -642,18 +642,12 @@ impl Backend for EtcdBackend {
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
             let r = self.inner.end(&hold.hold_id).await;
-            if r.as_ref().is_err_and(|e| e.is_transient()) {
-                // The key lives as long as the session: keep at it after
-                // the caller's retries give up (a string of leader
-                // elections outlasts them; the torture suite's leader
-                // fault left a lock blocked for 20 s).
-                let (inner, id) = (self.inner.clone(), hold.hold_id.clone());
-                tokio::spawn(async move {
-                    inner
-                        .end_patiently(&id, super::queue::TRIES_IN_BACKGROUND)
-                        .await
-                });
-            }
+            let (inner, id) = (self.inner.clone(), hold.hold_id.clone());
+            super::queue::keep_releasing(&r, async move {
+                inner
+                    .end_patiently(&id, super::queue::TRIES_IN_BACKGROUND)
+                    .await
+            });
             r
         })
     }
