@@ -115,6 +115,10 @@ async fn etcdctl_lock_interop_both_ways() {
 /// else gets in meanwhile, and the waiter gets the lock after the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_while_held() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("fenced=debug")
+        .with_test_writer()
+        .try_init();
     let t = Timing::default();
     let mut c = EtcdCluster::start_n(3);
     let url = format!("{}?lease_ttl=3s", c.url());

@@ -48,6 +48,7 @@ use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, NativeLeader,
     Outcome, RegisterValue, Ticket, lease_runs_out, lock,
 };
+use crate::core::hold::believed_until;
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -188,6 +189,7 @@ impl EtcdBackend {
             .await
             .map_err(|e| map_err(&label, e))?;
         let ttl_s = ttl.as_secs_f64().ceil() as i64;
+        let granted = Instant::now();
         let first = etcd
             .lease_grant(ttl_s, None)
             .await
@@ -204,21 +206,29 @@ impl EtcdBackend {
             keys: Mutex::new(HashMap::new()),
             next_suffix: AtomicU64::new(1),
         });
-        let keeper = tokio::spawn(keep_alive(inner.clone()));
+        let keeper = tokio::spawn(keep_alive(inner.clone(), granted));
         Ok(Arc::new(EtcdBackend { inner, keeper }))
     }
 }
 
 /// Keeps the session lease alive every TTL/3; grants a new one when it is
-/// gone, and wakes every waiter then (their places went with it).
-async fn keep_alive(inner: Arc<Inner>) {
-    let period = Duration::from_secs_f64(inner.session.ttl as f64 / 3.0);
+/// gone, and wakes every waiter then (their places went with it). The
+/// session counts as lost once the server may have let it run out: the TTL
+/// it last granted, from when that keep-alive was sent, less the drift
+/// holds allow for. That reckoning spans re-opened streams, so a stream
+/// that keeps breaking cannot keep a dead session believed.
+async fn keep_alive(inner: Arc<Inner>, granted: Instant) {
+    let ttl = Duration::from_secs(inner.session.ttl as u64);
+    let period = ttl / 3;
     let mut etcd = inner.etcd.clone();
+    let mut lives_until = believed_until(granted, ttl);
     loop {
         let id = inner.session.lease.load(Ordering::Acquire);
         if id == 0 {
+            let sent = Instant::now();
             match etcd.lease_grant(inner.session.ttl, None).await {
                 Ok(r) => {
+                    lives_until = believed_until(sent, Duration::from_secs(r.ttl().max(1) as u64));
                     inner.session.lease.store(r.id(), Ordering::Release);
                     inner.session.epoch.fetch_add(1, Ordering::AcqRel);
                     inner.wakeups.bump_all();
@@ -230,16 +240,17 @@ async fn keep_alive(inner: Arc<Inner>) {
             }
             continue;
         }
-        let mut last_ok = Instant::now();
         let stream = etcd.lease_keep_alive(id).await;
         let Ok((mut keeper, mut replies)) = stream else {
+            tracing::debug!(lease = id, "etcd: keep-alive stream not opened");
             tokio::time::sleep(Duration::from_millis(200)).await;
-            if last_ok.elapsed() >= period {
+            if Instant::now() >= lives_until {
                 drop_session(&inner, id);
             }
             continue;
         };
         loop {
+            let sent = Instant::now();
             let ok = async {
                 keeper.keep_alive().await.ok()?;
                 let reply = tokio::time::timeout(period, replies.message()).await;
@@ -247,14 +258,17 @@ async fn keep_alive(inner: Arc<Inner>) {
             }
             .await;
             match ok {
-                Some(ttl) if ttl > 0 => last_ok = Instant::now(),
+                Some(secs) if secs > 0 => {
+                    lives_until = believed_until(sent, Duration::from_secs(secs as u64));
+                }
                 // The server says the lease is gone.
                 Some(_) => {
                     drop_session(&inner, id);
                     break;
                 }
                 None => {
-                    if last_ok.elapsed() >= Duration::from_secs(inner.session.ttl as u64) {
+                    tracing::debug!(lease = id, "etcd: keep-alive unanswered");
+                    if Instant::now() >= lives_until {
                         drop_session(&inner, id);
                     }
                     break;
@@ -640,16 +654,16 @@ impl Backend for EtcdBackend {
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
-            let r = self.inner.end(&hold.hold_id).await;
-            let (inner, id) = (self.inner.clone(), hold.hold_id.clone());
-            super::queue::keep_releasing(&r, async move {
-                inner
-                    .end_patiently(&id, super::queue::TRIES_IN_BACKGROUND)
-                    .await
-            });
-            r
-        })
+        Box::pin(self.inner.end(&hold.hold_id))
+    }
+
+    fn release_later(&self, hold: HoldRef) {
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            inner
+                .end_patiently(&hold.hold_id, super::queue::TRIES_IN_BACKGROUND)
+                .await
+        });
     }
 
     fn abandon<'a>(

@@ -303,8 +303,18 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Extends each hold's lease; `true` where the hold was still there.
     fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>>;
 
-    /// Drops a hold; `true` when it was still there. Idempotent.
+    /// Drops a hold; `true` when it was still there. Idempotent. One try:
+    /// the caller retries transient errors.
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>>;
+
+    /// Called once every retry of a release has failed on a transient
+    /// error and nobody waits on it any more. Where a lease frees the lock
+    /// (the default) there is nothing left to do; where the key lives as
+    /// long as the client's session (etcd, ZooKeeper), the backend keeps
+    /// trying in the background while that session lives, or the lock
+    /// stays blocked for as long as the client runs (the torture suite's
+    /// leader fault left an etcd lock blocked for 20 s).
+    fn release_later(&self, _hold: HoldRef) {}
 
     /// Forgets a queue place (and a hold granted to an attempt whose caller
     /// went away, if any). Idempotent.

@@ -144,20 +144,6 @@ where
     }
 }
 
-/// After a release that failed on a transient error: the key or node
-/// lives as long as the session, so keep at it in the background after
-/// the caller's retries give up (a string of leader elections outlasts
-/// them; the torture suite's leader fault left an etcd lock blocked for
-/// 20 s).
-pub(crate) fn keep_releasing<T, Fut>(r: &crate::error::Result<T>, background: Fut)
-where
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    if r.as_ref().is_err_and(|e| e.is_transient()) {
-        tokio::spawn(background);
-    }
-}
-
 /// Tries for a withdrawal someone waits on (about 15 s).
 pub(crate) const TRIES_WAITED_ON: u32 = 20;
 /// Tries for a release nobody waits on any more (about 10 minutes).

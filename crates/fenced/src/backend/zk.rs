@@ -697,16 +697,16 @@ impl Backend for ZkBackend {
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
-            let r = self.inner.end(&hold.hold_id).await;
-            let (inner, id) = (self.inner.clone(), hold.hold_id.clone());
-            super::queue::keep_releasing(&r, async move {
-                inner
-                    .end_patiently(&id, super::queue::TRIES_IN_BACKGROUND)
-                    .await
-            });
-            r
-        })
+        Box::pin(self.inner.end(&hold.hold_id))
+    }
+
+    fn release_later(&self, hold: HoldRef) {
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            inner
+                .end_patiently(&hold.hold_id, super::queue::TRIES_IN_BACKGROUND)
+                .await
+        });
     }
 
     fn abandon<'a>(

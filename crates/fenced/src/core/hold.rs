@@ -65,7 +65,7 @@ pub(crate) struct Hold {
 
 /// Until when a grant or renewal sent at `sent` for `lease` is believed:
 /// the lease less the drift.
-fn believed_until(sent: Instant, lease: Duration) -> Instant {
+pub(crate) fn believed_until(sent: Instant, lease: Duration) -> Instant {
     let drift = (lease / 100 + Duration::from_millis(2)).min(lease / 2);
     sent + (lease - drift)
 }

@@ -28,6 +28,11 @@ pub(crate) fn spawn(backend: Arc<dyn Backend>) -> mpsc::UnboundedSender<Job> {
                     let res = retry_a_little(|| backend.release(&r)).await;
                     match res {
                         Ok(_) => tracing::debug!(lock = %r.name, "released in background"),
+                        Err(e) if e.is_transient() => {
+                            tracing::warn!(lock = %r.name, error = %e,
+                                "background release failed; trying on while the session lives");
+                            backend.release_later(r);
+                        }
                         Err(e) => tracing::warn!(lock = %r.name, error = %e,
                             "background release failed; the lease will free the lock"),
                     }
