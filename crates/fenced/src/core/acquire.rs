@@ -149,6 +149,7 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                 let (Some(interest), Some(seen)) = (interest.as_mut(), seen) else {
                     return Ok(None);
                 };
+                interest.set_ticket(blocked.ticket);
                 let now = Instant::now();
                 if deadline.is_some_and(|d| d <= now) {
                     // Withdraw now rather than in the background, so that

@@ -19,7 +19,9 @@
 
 /// Functions and bindings every lock script shares. `KEYS`: lock, counter,
 /// holds, queue, qexp. Each `redis.call` from Lua costs a few µs, so the
-/// uncontended paths make as few as they can (7 to acquire, 5 to release).
+/// uncontended paths make as few as they can (5 to acquire, 4 to release).
+/// A change publishes the fair queue's head ticket when someone queues, so
+/// only the head wakes, and Redisson's unlock message `0` otherwise.
 const COMMON: &str = r#"
 local lock, counter, holds, queue, qexp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('TIME')
@@ -167,6 +169,15 @@ local function purge_queue()
   end
 end
 
+-- Publishes a change: the fair queue's head ticket when someone queues, so
+-- that only the head wakes (it alone can be granted), or Redisson's unlock
+-- message '0', which wakes every waiter.
+local function wake(channel)
+  purge_queue()
+  local head = redis.call('ZRANGE', queue, 0, 0)
+  redis.call('PUBLISH', channel, head[1] or '0')
+end
+
 local function grantable(live, field, mode, take, max)
   local used = 0
   for _, h in ipairs(live) do
@@ -220,7 +231,7 @@ if (fair and ahead) or not grantable(live, field, mode, take, max) then
     local left = h.exp - now
     if soonest < 0 or left < soonest then soonest = left end
   end
-  if changed then redis.call('PUBLISH', channel, '0') end
+  if changed then wake(channel) end
   return {0, tk, soonest}
 end
 
@@ -230,9 +241,11 @@ add_hold({id = id, field = field, mode = mode, take = take, max = max, token = t
 if mine then
   redis.call('ZREM', queue, mine)
   redis.call('ZREM', qexp, mine)
-  if redis.call('ZCARD', queue) > 0 then changed = true end
+  -- A shared grant may let the next in line in too; an exclusive one
+  -- cannot, and its release will wake the next.
+  if mode ~= 0 and redis.call('ZCARD', queue) > 0 then changed = true end
 end
-if changed then redis.call('PUBLISH', channel, '0') end
+if changed then wake(channel) end
 return {1, token}
 "#;
 
@@ -261,12 +274,15 @@ end
 "#;
 
 /// The common release of the `redisson` layout: the owner's only hold,
-/// exclusive, so the key's expiry is its lease and a present key means a
-/// live hold: 3 calls. ARGV as for [`RELEASE`]. Anything else falls through.
+/// exclusive, with no fair queue, so the key's expiry is its lease, a
+/// present key means a live hold, and the release wakes every waiter
+/// (Redisson's unlock message): 4 calls. ARGV as for [`RELEASE`]. Anything
+/// else falls through, a queue to `wake()`.
 const FAST_RELEASE_HASH: &str = r#"
 local got = redis.call('HMGET', KEYS[1], '~' .. ARGV[1], ARGV[3])
 if not got[1] then return 0 end
-if string.match(got[1], '|(%d+)|%d+|%d+|%d+|%d+$') == '0' and (tonumber(got[2]) or 0) <= 1 then
+if string.match(got[1], '|(%d+)|%d+|%d+|%d+|%d+$') == '0' and (tonumber(got[2]) or 0) <= 1
+    and redis.call('EXISTS', KEYS[4]) == 0 then
   redis.call('HDEL', KEYS[1], '~' .. ARGV[1], ARGV[3])
   redis.call('PUBLISH', ARGV[2], '0')
   return 1
@@ -278,7 +294,7 @@ const RELEASE: &str = r#"
 local h = hold_of(ARGV[1])
 if not h then return 0 end
 remove_hold(h)
-redis.call('PUBLISH', ARGV[2], '0')
+wake(ARGV[2])
 if h.exp <= now then return 0 end
 return 1
 "#;
@@ -293,7 +309,7 @@ if ARGV[1] ~= '' then
 end
 local h = hold_of(ARGV[2])
 if h then remove_hold(h); changed = true end
-if changed then redis.call('PUBLISH', ARGV[3], '0') end
+if changed then wake(ARGV[3]) end
 return 0
 "#;
 

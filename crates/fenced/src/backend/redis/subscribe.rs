@@ -1,6 +1,7 @@
 //! One pub/sub connection per client, shared by every waiter: a release
 //! publishes on the lock's channel and the message bumps the name's
-//! [`Wakeups`]. Channels are subscribed the first time a name is waited
+//! [`Wakeups`]: every waiter, or only the one whose fair-queue ticket the
+//! message names. Channels are subscribed the first time a name is waited
 //! on and dropped once many names have no waiter left.
 //!
 //! If the connection drops, every waiter is woken to try again (a message
@@ -111,8 +112,12 @@ async fn read(
 ) {
     while let Some(msg) = stream.next().await {
         let name = lock(&channels).get(msg.get_channel_name()).cloned();
-        if let Some(name) = name {
-            wakeups.bump(&name);
+        // A fair queue's head ticket wakes that waiter alone; anything
+        // else (Redisson's unlock `0`, its read-unlock `1`) wakes all.
+        match (name, msg.get_payload::<i64>().ok()) {
+            (Some(name), Some(ticket)) if ticket > 1 => wakeups.bump_ticket(&name, ticket),
+            (Some(name), _) => wakeups.bump(&name),
+            (None, _) => {}
         }
     }
     tracing::debug!("redis pub/sub connection closed; waiters will look again");
