@@ -90,7 +90,12 @@ impl Lock {
     }
 
     /// First come, first served among fair waiters. Waiters that are not
-    /// fair may still barge in.
+    /// fair may still barge in: that is quicker when a lock is rarely
+    /// contended, but under steady contention the process that just let
+    /// go, already running, would win again and again. So on Redis a
+    /// release that wakes a queued waiter keeps the lock for it against
+    /// unfair requests for a moment (10 ms), as Go's `sync.Mutex` hands
+    /// over to a starving waiter.
     pub fn fair(mut self, fair: bool) -> Self {
         self.opts.fair = fair;
         self

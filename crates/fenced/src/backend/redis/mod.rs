@@ -134,6 +134,10 @@ pub(crate) struct RedisBackend {
     wait_timeout: Duration,
     wakeups: Arc<Wakeups>,
     subscriber: Subscriber,
+    /// Whether unfair waiters queue too, so that a release wakes one
+    /// waiter; not on RedLock's masters, where tickets would differ per
+    /// master.
+    queue_waiters: bool,
 }
 
 impl RedisBackend {
@@ -285,6 +289,7 @@ impl RedisBackend {
             wait_timeout,
             wakeups,
             subscriber,
+            queue_waiters: true,
         })
     }
 
@@ -350,7 +355,8 @@ impl RedisBackend {
                     .arg(u8::from(req.will_wait))
                     .arg(ticket)
                     .arg(&k.channel)
-                    .arg(ms(QUEUE_TTL));
+                    .arg(ms(QUEUE_TTL))
+                    .arg(u8::from(self.queue_waiters));
                 inv.invoke_async(&mut c).await
             })
             .await?;

@@ -75,7 +75,8 @@ impl RedLockBackend {
                     super::DEFAULT_PORT,
                 )?;
             }
-            let node = RedisBackend::from_endpoints(&mut node_ep, wakeups.clone())?;
+            let mut node = RedisBackend::from_endpoints(&mut node_ep, wakeups.clone())?;
+            node.queue_waiters = false;
             node_ep.finish(PARAMS)?;
             nodes.push(node);
         }

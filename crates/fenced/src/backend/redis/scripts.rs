@@ -9,7 +9,7 @@
 //! | `N` | hash (`redisson`) or string (`simple`) | Redisson `RLock`'s layout: field `<client id>:<owner id>`, value the number of holds, plus a field `~<hold id>` per hold of ours (below); or redis-py `Lock`'s: the holder's token |
 //! | `redisson_lock_token:{N}` | string | the fencing counter (Redisson `RFencedLock`'s key); also numbers fair-queue tickets |
 //! | `fenced_holds:{N}` | string | `simple` layout only: `<hold id>#` and what `~<hold id>` holds in the other layout: `<owner>\|<mode>\|<take>\|<max>\|<token>\|<expiry ms, server time>` |
-//! | `fenced_queue:{N}` / `fenced_qexp:{N}` | sorted sets | fair waiters by ticket / by expiry |
+//! | `fenced_queue:{N}` / `fenced_qexp:{N}` | sorted sets | waiters, fair or not, by ticket / by expiry; `~handoff` in `qexp` while a release's hand-over to the head stands |
 //! | `fenced_register:{N}` | hash | the fenced register: `v` value, `f` highest fence |
 //!
 //! Expiry is by the server's clock (`TIME`), never a client's. Every key
@@ -161,6 +161,11 @@ end
 /// Queue handling and the grant rule (the Lua twin of
 /// `core::machine::grantable`).
 const GRANT_COMMON: &str = r#"
+-- How long (ms) a release keeps the lock for the queue's head against
+-- unfair requests: the head's pub/sub hop and script, with room for a
+-- busy host. A head that is dead costs each release this much.
+local HANDOFF_MS = 10
+
 local function purge_queue()
   local dead = redis.call('ZRANGEBYSCORE', qexp, '-inf', now, 'LIMIT', 0, 200)
   if #dead > 0 then
@@ -169,12 +174,14 @@ local function purge_queue()
   end
 end
 
--- Publishes a change: the fair queue's head ticket when someone queues, so
--- that only the head wakes (it alone can be granted), or Redisson's unlock
--- message '0', which wakes every waiter.
+-- Publishes a change: the queue's head ticket when someone queues, so that
+-- only the head wakes, with the lock held for it from unfair requests for
+-- a moment (`~handoff` in `qexp`, which a dead head outlives by that
+-- moment only); or Redisson's unlock message '0', which wakes every waiter.
 local function wake(channel)
   purge_queue()
   local head = redis.call('ZRANGE', queue, 0, 0)
+  if head[1] then redis.call('ZADD', qexp, now + HANDOFF_MS, '~handoff') end
   redis.call('PUBLISH', channel, head[1] or '0')
 end
 
@@ -193,12 +200,13 @@ end
 "#;
 
 /// Acquire. ARGV: field, hold id, mode, take, max, lease ms, fair, will
-/// wait, ticket (or ""), channel, queue ttl ms.
+/// wait, ticket (or ""), channel, queue ttl ms, whether unfair waiters
+/// queue too ('1'; RedLock's masters do not: its tickets are per master).
 /// Returns `{1, token}` or `{0, ticket or -1, ms until the first lease ends or -1}`.
 const ACQUIRE: &str = r#"
 local field, id, mode, take, max = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local lease, fair, wait, ticket = tonumber(ARGV[6]), ARGV[7] == '1', ARGV[8] == '1', ARGV[9]
-local channel, qttl = ARGV[10], tonumber(ARGV[11])
+local channel, qttl, queued = ARGV[10], tonumber(ARGV[11]), ARGV[12] == '1'
 
 local live, changed = load()
 for _, h in ipairs(live) do
@@ -206,18 +214,23 @@ for _, h in ipairs(live) do
   if h.id == id then return {1, h.token} end
 end
 
--- Only fair requests look at the queue; a ticket is always withdrawn on grant.
+-- Waiters queue, fair or not; a ticket is always withdrawn on grant. A
+-- fair request waits its turn. An unfair one passes the queue, except
+-- while a release has just handed the lock to the queue's head: without
+-- that, the releasing process, already running, re-takes the lock before
+-- the woken head's script arrives, again and again.
 local mine, ahead = nil, false
-if fair or ticket ~= '' then
+if fair or ticket ~= '' or queued then
   purge_queue()
   if ticket ~= '' and redis.call('ZSCORE', queue, ticket) then mine = ticket end
   local head = redis.call('ZRANGE', queue, 0, 0)
   if mine then ahead = head[1] ~= mine else ahead = #head > 0 end
+  if ahead and not fair then ahead = redis.call('ZSCORE', qexp, '~handoff') ~= false end
 end
 
-if (fair and ahead) or not grantable(live, field, mode, take, max) then
+if ahead or not grantable(live, field, mode, take, max) then
   local tk = -1
-  if fair and wait then
+  if wait and (fair or queued) then
     if mine then tk = tonumber(mine) else
       tk = next_token()
       redis.call('ZADD', queue, tk, fmt(tk))
@@ -240,7 +253,7 @@ add_hold({id = id, field = field, mode = mode, take = take, max = max, token = t
          lease, #live == 0)
 if mine then
   redis.call('ZREM', queue, mine)
-  redis.call('ZREM', qexp, mine)
+  redis.call('ZREM', qexp, mine, '~handoff')
   -- A shared grant may let the next in line in too; an exclusive one
   -- cannot, and its release will wake the next.
   if mode ~= 0 and redis.call('ZCARD', queue) > 0 then changed = true end
@@ -251,10 +264,10 @@ return {1, token}
 
 /// The uncontended acquire of the `redisson` layout, before any other
 /// code of the script runs: a free lock and a request that does not queue
-/// is granted in 5 calls (the hash, the clock, the counter, the grant, its
+/// with nobody queued is granted in 5 calls (the hash, the clock, the counter, the grant, its
 /// expiry). Anything else falls through to the general script.
 const FAST_ACQUIRE_HASH: &str = r#"
-if ARGV[7] ~= '1' and ARGV[9] == '' and redis.call('EXISTS', KEYS[1]) == 0 then
+if ARGV[7] ~= '1' and ARGV[9] == '' and redis.call('EXISTS', KEYS[1], KEYS[4]) == 0 then
   local t = redis.call('TIME')
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local now = math.floor(now_us / 1000)
