@@ -213,6 +213,16 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
             );
         }
     }
+    let client_set = match limits {
+        Some(_) => redis_client_limit(&url).await?,
+        None => None,
+    };
+    if let Some((rate, cmd)) = &client_set {
+        report.row(
+            json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
+                          "ops_per_sec": rate}),
+        );
+    }
     for s in &args.scenarios {
         match s {
             Scenario::S1 => {
@@ -233,6 +243,9 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
                 if let Some(l) = &limits {
                     row["ratio_to_set_half"] = json!(r.ops / (l.set / 2.0));
                     row["ratio_to_eval_half"] = json!(r.ops / (l.eval / 2.0));
+                }
+                if let Some((rate, _)) = &client_set {
+                    row["ratio_to_client_set_half"] = json!(r.ops / (rate / 2.0));
                 }
                 report.row(row);
             }
@@ -834,6 +847,37 @@ fn redis_limits(url: &str) -> anyhow::Result<Option<Limits>> {
         eval,
         eval_cmd,
     }))
+}
+
+/// The same `SET` loop as `redis-benchmark -c 1`, but through the client
+/// fenced itself uses (the `redis` crate's multiplexed connection on
+/// tokio): what any lock built on that client could reach, so the gap
+/// between it and `redis-benchmark` is the client's, not the lock's.
+#[cfg(feature = "redis")]
+async fn redis_client_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
+    let mut base = url::Url::parse(url)?;
+    base.set_query(None);
+    let client = redis::Client::open(base.as_str())?;
+    let mut c = client.get_multiplexed_async_connection().await?;
+    let n = 20_000u32;
+    let started = Instant::now();
+    for _ in 0..n {
+        let () = redis::cmd("SET")
+            .arg("bench:limit")
+            .arg("v")
+            .query_async(&mut c)
+            .await?;
+    }
+    let rate = f64::from(n) / started.elapsed().as_secs_f64();
+    Ok(Some((
+        rate,
+        format!("{n} x SET over the redis crate's multiplexed connection (fenced's client)"),
+    )))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis_client_limit(_url: &str) -> anyhow::Result<Option<(f64, String)>> {
+    Ok(None)
 }
 
 /// No SQL backend built in: no SQL limit.
