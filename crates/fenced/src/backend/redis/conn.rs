@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// Where the master is found.
 pub(super) enum Target {
-    Fixed(redis::Client),
+    Fixed(Box<redis::Client>),
     Sentinel(Box<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
     /// The cluster client, and one plain client per seed node for pub/sub.
     Cluster(Box<redis::cluster::ClusterClient>, Vec<redis::Client>),

@@ -198,7 +198,7 @@ impl RedisBackend {
                 let scheme = if s == "redis" { "redis" } else { "rediss" };
                 (
                     scheme,
-                    Target::Fixed(redis::Client::open(u).map_err(client_err)?),
+                    Target::Fixed(Box::new(redis::Client::open(u).map_err(client_err)?)),
                 )
             }
             "redis+sentinel" => {
