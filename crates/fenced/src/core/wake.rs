@@ -6,7 +6,7 @@
 //! Waiters read the name's version before they attempt and wait for it to
 //! change, so a bump that lands between the attempt and the wait is never
 //! missed. Each waiter has its own version, so a backend that knows who
-//! is next in a fair queue (Redis publishes the head's ticket) wakes that
+//! is next in a wait queue (Redis publishes the head's ticket) wakes that
 //! waiter alone with [`Wakeups::bump_ticket`].
 
 use crate::backend::Ticket;
@@ -20,7 +20,7 @@ pub(crate) struct Wakeups {
     names: Mutex<HashMap<Arc<str>, Vec<Arc<Slot>>>>,
 }
 
-/// One waiter: its own version, and the fair-queue ticket it waits with
+/// One waiter: its own version, and the queue ticket it waits with
 /// (0 while it has none; tickets are positive).
 struct Slot {
     tx: watch::Sender<u64>,
@@ -42,7 +42,7 @@ impl Wakeups {
         }
     }
 
-    /// Tells the waiter of `name` holding fair-queue `ticket` to look again
+    /// Tells the waiter of `name` holding queue `ticket` to look again
     /// (it is now at the head), and every waiter of `name` that has no
     /// ticket yet, since one may be on its way to it. The others stay
     /// asleep: a release that only the head can use wakes only the head.
@@ -110,7 +110,7 @@ impl Interest {
         *self.rx.borrow()
     }
 
-    /// The fair-queue ticket this waiter now waits with, if any: from then
+    /// The queue ticket this waiter now waits with, if any: from then
     /// on a wake-up aimed at another ticket passes it by.
     pub(crate) fn set_ticket(&self, ticket: Option<Ticket>) {
         let t = ticket.filter(|t| *t > 0).unwrap_or(0);

@@ -11,7 +11,7 @@
 //! - `redisson` (default): the lock is a hash in Redisson `RLock`'s layout,
 //!   and releases publish Redisson's unlock message on its channel, so
 //!   fenced and Redisson services exclude each other on the same name.
-//!   While fenced's fair queue has waiters, a release publishes the head's
+//!   While fenced waiters queue (fair or not), a release publishes the head's
 //!   ticket instead, waking only that waiter; a Redisson waiter then looks
 //!   again when the lease it waited on would have ended.
 //! - `simple`: the lock is a string in redis-py `Lock`'s layout (`SET name

@@ -7,7 +7,7 @@
 //! | key | type | what |
 //! |---|---|---|
 //! | `N` | hash (`redisson`) or string (`simple`) | Redisson `RLock`'s layout: field `<client id>:<owner id>`, value the number of holds, plus a field `~<hold id>` per hold of ours (below); or redis-py `Lock`'s: the holder's token |
-//! | `redisson_lock_token:{N}` | string | the fencing counter (Redisson `RFencedLock`'s key); also numbers fair-queue tickets |
+//! | `redisson_lock_token:{N}` | string | the fencing counter (Redisson `RFencedLock`'s key); also numbers queue tickets |
 //! | `fenced_holds:{N}` | string | `simple` layout only: `<hold id>#` and what `~<hold id>` holds in the other layout: `<owner>\|<mode>\|<take>\|<max>\|<token>\|<expiry ms, server time>` |
 //! | `fenced_queue:{N}` / `fenced_qexp:{N}` | sorted sets | waiters, fair or not, by ticket / by expiry; `~handoff` in `qexp` while a release's hand-over to the head stands |
 //! | `fenced_register:{N}` | hash | the fenced register: `v` value, `f` highest fence |
@@ -20,7 +20,7 @@
 /// Functions and bindings every lock script shares. `KEYS`: lock, counter,
 /// holds, queue, qexp. Each `redis.call` from Lua costs a few µs, so the
 /// uncontended paths make as few as they can (5 to acquire, 4 to release).
-/// A change publishes the fair queue's head ticket when someone queues, so
+/// A change publishes the queue's head ticket when someone queues, so
 /// only the head wakes, and Redisson's unlock message `0` otherwise.
 const COMMON: &str = r#"
 local lock, counter, holds, queue, qexp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -287,7 +287,7 @@ end
 "#;
 
 /// The common release of the `redisson` layout: the owner's only hold,
-/// exclusive, with no fair queue, so the key's expiry is its lease, a
+/// exclusive, with nobody queued, so the key's expiry is its lease, a
 /// present key means a live hold, and the release wakes every waiter
 /// (Redisson's unlock message): 4 calls. ARGV as for [`RELEASE`]. Anything
 /// else falls through, a queue to `wake()`.

@@ -1,6 +1,6 @@
 //! One pub/sub connection per client, shared by every waiter: a release
 //! publishes on the lock's channel and the message bumps the name's
-//! [`Wakeups`]: every waiter, or only the one whose fair-queue ticket the
+//! [`Wakeups`]: every waiter, or only the one whose queue ticket the
 //! message names. Channels are subscribed the first time a name is waited
 //! on and dropped once many names have no waiter left.
 //!
@@ -112,7 +112,7 @@ async fn read(
 ) {
     while let Some(msg) = stream.next().await {
         let name = lock(&channels).get(msg.get_channel_name()).cloned();
-        // A fair queue's head ticket wakes that waiter alone; anything
+        // The queue's head ticket wakes that waiter alone; anything
         // else (Redisson's unlock `0`, its read-unlock `1`) wakes all.
         match (name, msg.get_payload::<i64>().ok()) {
             (Some(name), Some(ticket)) if ticket > 1 => wakeups.bump_ticket(&name, ticket),
