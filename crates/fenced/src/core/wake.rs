@@ -7,7 +7,10 @@
 //! change, so a bump that lands between the attempt and the wait is never
 //! missed. Each waiter has its own version, so a backend that knows who
 //! is next in a wait queue (Redis publishes the head's ticket) wakes that
-//! waiter alone with [`Wakeups::bump_ticket`].
+//! waiter alone with [`Wakeups::bump_ticket`]. A waiter whose attempt is
+//! still on its way when such a message comes does not know its ticket
+//! yet: the slot remembers the tickets it heard, and the waiter wakes when
+//! it learns its ticket only if that ticket was among them.
 
 use crate::backend::Ticket;
 use std::collections::HashMap;
@@ -21,15 +24,34 @@ pub(crate) struct Wakeups {
 }
 
 /// One waiter: its own version, and the queue ticket it waits with
-/// (0 while it has none; tickets are positive).
+/// (tickets are positive; 0 until its first attempt comes back, -1 if
+/// that attempt gave it none).
 struct Slot {
     tx: watch::Sender<u64>,
     ticket: AtomicI64,
+    /// Head tickets announced while `ticket` was 0. Both are changed under
+    /// this lock, so a message is either heard here or matched against
+    /// the ticket, never neither.
+    heard: Mutex<Heard>,
 }
+
+/// What a waiter without a ticket heard (bounded: past [`HEARD_MAX`]
+/// tickets it just wakes).
+#[derive(Default)]
+struct Heard {
+    tickets: Vec<Ticket>,
+    overflow: bool,
+}
+
+const HEARD_MAX: usize = 16;
 
 impl Slot {
     fn wake(&self) {
         self.tx.send_modify(|v| *v += 1);
+    }
+
+    fn heard(&self) -> std::sync::MutexGuard<'_, Heard> {
+        self.heard.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -43,16 +65,25 @@ impl Wakeups {
     }
 
     /// Tells the waiter of `name` holding queue `ticket` to look again
-    /// (it is now at the head), and every waiter of `name` that has no
-    /// ticket yet, since one may be on its way to it. The others stay
-    /// asleep: a release that only the head can use wakes only the head.
+    /// (it is now at the head), and every waiter that waits without one.
+    /// A waiter whose first attempt is on its way remembers `ticket`, and
+    /// wakes if its attempt comes back with it ([`Interest::set_ticket`]).
+    /// The others stay asleep: a release that only the head can use wakes
+    /// only the head.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn bump_ticket(&self, name: &str, ticket: Ticket) {
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         for slot in names.get(name).into_iter().flatten() {
+            let mut heard = slot.heard();
             let t = slot.ticket.load(Ordering::Acquire);
-            if t == 0 || t == ticket {
+            if t == ticket || t < 0 {
                 slot.wake();
+            } else if t == 0 {
+                if heard.tickets.len() < HEARD_MAX {
+                    heard.tickets.push(ticket);
+                } else {
+                    heard.overflow = true;
+                }
             }
         }
     }
@@ -62,6 +93,7 @@ impl Wakeups {
         let slot = Arc::new(Slot {
             tx: watch::Sender::new(0),
             ticket: AtomicI64::new(0),
+            heard: Mutex::default(),
         });
         let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         names.entry(name.into()).or_default().push(slot.clone());
@@ -111,10 +143,23 @@ impl Interest {
     }
 
     /// The queue ticket this waiter now waits with, if any: from then
-    /// on a wake-up aimed at another ticket passes it by.
+    /// on a wake-up aimed at another ticket passes it by. If a wake-up for
+    /// this ticket (or, with no ticket, for any) came while the attempt
+    /// was on its way, the waiter is woken now.
     pub(crate) fn set_ticket(&self, ticket: Option<Ticket>) {
-        let t = ticket.filter(|t| *t > 0).unwrap_or(0);
+        let t = ticket.filter(|t| *t > 0).unwrap_or(-1);
+        let mut heard = self.slot.heard();
         self.slot.ticket.store(t, Ordering::Release);
+        let missed = heard.overflow
+            || if t < 0 {
+                !heard.tickets.is_empty()
+            } else {
+                heard.tickets.contains(&t)
+            };
+        *heard = Heard::default();
+        if missed {
+            self.slot.wake();
+        }
     }
 
     /// Resolves once the version differs from `seen`.
@@ -158,7 +203,7 @@ mod tests {
     #[tokio::test]
     async fn a_ticketed_wake_up_passes_other_tickets_by() {
         let w = Arc::new(Wakeups::default());
-        let (mut head, mut next, mut fresh) = (w.interest("a"), w.interest("a"), w.interest("a"));
+        let (mut head, mut next, fresh) = (w.interest("a"), w.interest("a"), w.interest("a"));
         head.set_ticket(Some(7));
         next.set_ticket(Some(8));
         let seen = (head.version(), next.version(), fresh.version());
@@ -167,10 +212,14 @@ mod tests {
         tokio::time::timeout(soon, head.changed_since(seen.0))
             .await
             .expect("the head is woken");
-        tokio::time::timeout(soon, fresh.changed_since(seen.2))
-            .await
-            .expect("a waiter with no ticket yet is woken");
         assert_eq!(next.version(), seen.1, "the second in line sleeps on");
+        assert_eq!(
+            fresh.version(),
+            seen.2,
+            "a waiter with no ticket yet waits to learn it"
+        );
+        fresh.set_ticket(Some(9));
+        assert_eq!(fresh.version(), seen.2, "ticket 9 was not called");
         w.bump("a");
         tokio::time::timeout(soon, next.changed_since(seen.1))
             .await
@@ -179,5 +228,42 @@ mod tests {
         assert_eq!(w.len(), 1);
         drop(fresh);
         assert_eq!(w.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_learning_its_ticket_late_still_hears_its_call() {
+        let w = Arc::new(Wakeups::default());
+        let (called, other, plain, flooded) = (
+            w.interest("a"),
+            w.interest("a"),
+            w.interest("a"),
+            w.interest("a"),
+        );
+        let seen = [&called, &other, &plain, &flooded].map(|i| i.version());
+        // Every attempt is on its way when the release names ticket 5.
+        w.bump_ticket("a", 5);
+        called.set_ticket(Some(5));
+        other.set_ticket(Some(6));
+        plain.set_ticket(None);
+        assert_ne!(called.version(), seen[0], "its own ticket was called");
+        assert_eq!(other.version(), seen[1], "another ticket was called");
+        assert_ne!(plain.version(), seen[2], "no ticket: any call may be ours");
+        // Only what was heard before the ticket was known counts.
+        w.bump_ticket("a", 100);
+        for t in 0..HEARD_MAX as i64 + 1 {
+            w.bump_ticket("a", 200 + t);
+        }
+        flooded.set_ticket(Some(1));
+        assert_ne!(flooded.version(), seen[3], "past the bound, it wakes");
+        let before = other.version();
+        other.set_ticket(Some(100));
+        assert_eq!(other.version(), before, "100 was called after 6 was known");
+        let before = plain.version();
+        w.bump_ticket("a", 300);
+        assert_ne!(
+            plain.version(),
+            before,
+            "a waiter without a ticket wakes at every call"
+        );
     }
 }

@@ -12,8 +12,9 @@
 //!   and releases publish Redisson's unlock message on its channel, so
 //!   fenced and Redisson services exclude each other on the same name.
 //!   While fenced waiters queue (fair or not), a release publishes the head's
-//!   ticket instead, waking only that waiter; a Redisson waiter then looks
-//!   again when the lease it waited on would have ended.
+//!   ticket instead, on the head owner's channel `<channel>:<owner>` (as
+//!   Redisson's `RFairLock` does), waking only that waiter; a Redisson
+//!   waiter then looks again when the lease it waited on would have ended.
 //! - `simple`: the lock is a string in redis-py `Lock`'s layout (`SET name
 //!   token NX PX`), so fenced and Python services exclude each other.
 //!   Mutexes only (fair or not).
@@ -90,6 +91,12 @@ impl Keys {
             register: beside("fenced_register", n)?,
             channel: beside("redisson_lock__channel", n)?,
         })
+    }
+
+    /// The channel on which a release wakes `owner` when it heads the
+    /// queue (Redisson `RFairLock`'s `<channel>:<field>`).
+    fn wake_channel(&self, owner: &str) -> String {
+        format!("{}:{owner}", self.channel)
     }
 
     fn lock_keys(&self) -> [&str; 5] {
@@ -356,7 +363,8 @@ impl RedisBackend {
                     .arg(ticket)
                     .arg(&k.channel)
                     .arg(ms(QUEUE_TTL))
-                    .arg(u8::from(self.queue_waiters));
+                    .arg(u8::from(self.queue_waiters))
+                    .arg(&req.owner_key);
                 inv.invoke_async(&mut c).await
             })
             .await?;
@@ -384,7 +392,11 @@ impl RedisBackend {
             && req.will_wait
             && self
                 .subscriber
-                .ensure(&self.node, &k.channel, req.name.as_str())
+                .ensure(
+                    &self.node,
+                    &[k.channel.clone(), k.wake_channel(&req.owner_key)],
+                    req.name.as_str(),
+                )
                 .await?
         {
             // Subscribed just now: a release may have come before it.

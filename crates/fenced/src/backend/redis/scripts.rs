@@ -9,7 +9,7 @@
 //! | `N` | hash (`redisson`) or string (`simple`) | Redisson `RLock`'s layout: field `<client id>:<owner id>`, value the number of holds, plus a field `~<hold id>` per hold of ours (below); or redis-py `Lock`'s: the holder's token |
 //! | `redisson_lock_token:{N}` | string | the fencing counter (Redisson `RFencedLock`'s key); also numbers queue tickets |
 //! | `fenced_holds:{N}` | string | `simple` layout only: `<hold id>#` and what `~<hold id>` holds in the other layout: `<owner>\|<mode>\|<take>\|<max>\|<token>\|<expiry ms, server time>` |
-//! | `fenced_queue:{N}` / `fenced_qexp:{N}` | sorted sets | waiters, fair or not, by ticket / by expiry; `~handoff` in `qexp` while a release's hand-over to the head stands |
+//! | `fenced_queue:{N}` / `fenced_qexp:{N}` | sorted sets | waiters, fair or not, by ticket / by expiry; member `<ticket>\|<owner>`; `~handoff` in `qexp` while a release's hand-over to the head stands |
 //! | `fenced_register:{N}` | hash | the fenced register: `v` value, `f` highest fence |
 //!
 //! Expiry is by the server's clock (`TIME`), never a client's. Every key
@@ -20,8 +20,10 @@
 /// Functions and bindings every lock script shares. `KEYS`: lock, counter,
 /// holds, queue, qexp. Each `redis.call` from Lua costs a few µs, so the
 /// uncontended paths make as few as they can (5 to acquire, 4 to release).
-/// A change publishes the queue's head ticket when someone queues, so
-/// only the head wakes, and Redisson's unlock message `0` otherwise.
+/// A change publishes the queue's head ticket on the head owner's own
+/// channel when someone queues (`<lock channel>:<owner>`, as Redisson's
+/// `RFairLock` does), so only the head's process wakes, and Redisson's
+/// unlock message `0` on the lock's channel otherwise.
 const COMMON: &str = r#"
 local lock, counter, holds, queue, qexp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('TIME')
@@ -174,15 +176,28 @@ local function purge_queue()
   end
 end
 
--- Publishes a change: the queue's head ticket when someone queues, so that
--- only the head wakes, with the lock held for it from unfair requests for
--- a moment (`~handoff` in `qexp`, which a dead head outlives by that
--- moment only); or Redisson's unlock message '0', which wakes every waiter.
+-- Publishes a change: the queue's head ticket when someone queues, on
+-- the head owner's channel, so that only the head wakes, with the lock
+-- held for it from unfair requests for a moment (`~handoff` in `qexp`,
+-- which a dead head outlives by that moment only); or Redisson's unlock
+-- message '0' on the lock's channel, which wakes every waiter. (A member
+-- without an owner was queued by an older fenced, which listens on the
+-- lock's channel.)
 local function wake(channel)
   purge_queue()
-  local head = redis.call('ZRANGE', queue, 0, 0)
-  if head[1] then redis.call('ZADD', qexp, now + HANDOFF_MS, '~handoff') end
-  redis.call('PUBLISH', channel, head[1] or '0')
+  local head = redis.call('ZRANGE', queue, 0, 0)[1]
+  if not head then
+    redis.call('PUBLISH', channel, '0')
+    return
+  end
+  redis.call('ZADD', qexp, now + HANDOFF_MS, '~handoff')
+  local tk, who = string.match(head, '^(%d+)|(.+)$')
+  if who then redis.call('PUBLISH', channel .. ':' .. who, tk) else redis.call('PUBLISH', channel, head) end
+end
+
+-- The queue member of a ticket (or nil): tickets are unique scores.
+local function member_of(ticket)
+  return redis.call('ZRANGEBYSCORE', queue, ticket, ticket, 'LIMIT', 0, 1)[1]
 end
 
 local function grantable(live, field, mode, take, max)
@@ -201,12 +216,13 @@ end
 
 /// Acquire. ARGV: field, hold id, mode, take, max, lease ms, fair, will
 /// wait, ticket (or ""), channel, queue ttl ms, whether unfair waiters
-/// queue too ('1'; RedLock's masters do not: its tickets are per master).
+/// queue too ('1'; RedLock's masters do not: its tickets are per master),
+/// the owner whose channel wakes this waiter.
 /// Returns `{1, token}` or `{0, ticket or -1, ms until the first lease ends or -1}`.
 const ACQUIRE: &str = r#"
 local field, id, mode, take, max = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local lease, fair, wait, ticket = tonumber(ARGV[6]), ARGV[7] == '1', ARGV[8] == '1', ARGV[9]
-local channel, qttl, queued = ARGV[10], tonumber(ARGV[11]), ARGV[12] == '1'
+local channel, qttl, queued, who = ARGV[10], tonumber(ARGV[11]), ARGV[12] == '1', ARGV[13]
 
 local live, changed = load()
 for _, h in ipairs(live) do
@@ -222,7 +238,7 @@ end
 local mine, ahead = nil, false
 if fair or ticket ~= '' or queued then
   purge_queue()
-  if ticket ~= '' and redis.call('ZSCORE', queue, ticket) then mine = ticket end
+  if ticket ~= '' then mine = member_of(ticket) end
   local head = redis.call('ZRANGE', queue, 0, 0)
   if mine then ahead = head[1] ~= mine else ahead = #head > 0 end
   if ahead and not fair then ahead = redis.call('ZSCORE', qexp, '~handoff') ~= false end
@@ -231,11 +247,12 @@ end
 if ahead or not grantable(live, field, mode, take, max) then
   local tk = -1
   if wait and (fair or queued) then
-    if mine then tk = tonumber(mine) else
+    if mine then tk = tonumber(ticket) else
       tk = next_token()
-      redis.call('ZADD', queue, tk, fmt(tk))
+      mine = fmt(tk) .. '|' .. who
+      redis.call('ZADD', queue, tk, mine)
     end
-    redis.call('ZADD', qexp, now + qttl, fmt(tk))
+    redis.call('ZADD', qexp, now + qttl, mine)
     keep_until(queue, qttl)
     keep_until(qexp, qttl)
   end
@@ -316,9 +333,11 @@ return 1
 /// (or ""), hold id, channel.
 const ABANDON: &str = r#"
 local changed = false
-if ARGV[1] ~= '' then
-  if redis.call('ZREM', queue, ARGV[1]) > 0 then changed = true end
-  redis.call('ZREM', qexp, ARGV[1])
+local mine = ARGV[1] ~= '' and member_of(ARGV[1])
+if mine then
+  redis.call('ZREM', queue, mine)
+  redis.call('ZREM', qexp, mine)
+  changed = true
 end
 local h = hold_of(ARGV[2])
 if h then remove_hold(h); changed = true end

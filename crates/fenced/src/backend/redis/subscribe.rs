@@ -1,8 +1,9 @@
 //! One pub/sub connection per client, shared by every waiter: a release
-//! publishes on the lock's channel and the message bumps the name's
-//! [`Wakeups`]: every waiter, or only the one whose queue ticket the
-//! message names. Channels are subscribed the first time a name is waited
-//! on and dropped once many names have no waiter left.
+//! publishes on the lock's channel, or on the queue head owner's own
+//! channel beside it, and the message bumps the name's [`Wakeups`]: every
+//! waiter, or only the one whose queue ticket the message names. Channels
+//! are subscribed the first time a name is waited on and dropped once many
+//! names have no waiter left.
 //!
 //! If the connection drops, every waiter is woken to try again (a message
 //! may have been lost) and the next wait connects again.
@@ -45,19 +46,32 @@ impl Subscriber {
         }
     }
 
-    fn has(&self, channel: &str) -> bool {
-        lock(&self.channels).contains_key(channel)
+    /// Those of `channels` not subscribed yet.
+    fn missing(&self, channels: &[String]) -> Vec<String> {
+        let known = lock(&self.channels);
+        channels
+            .iter()
+            .filter(|c| !known.contains_key(c.as_str()))
+            .cloned()
+            .collect()
     }
 
-    /// Makes sure messages on `channel` wake the waiters of `name`.
+    /// Makes sure messages on `channels` (the lock's, and the waiting
+    /// owner's own) wake the waiters of `name`, in one `SUBSCRIBE`.
     /// Returns `true` if this call subscribed (the caller must look at the
     /// lock again: a release may have come before the subscription).
-    pub(super) async fn ensure(&self, node: &Node, channel: &str, name: &str) -> Result<bool> {
-        if self.has(channel) {
+    pub(super) async fn ensure(
+        &self,
+        node: &Node,
+        channels: &[String],
+        name: &str,
+    ) -> Result<bool> {
+        if self.missing(channels).is_empty() {
             return Ok(false);
         }
         let mut sink = self.sink.lock().await;
-        if self.has(channel) {
+        let channels = self.missing(channels);
+        if channels.is_empty() {
             return Ok(false);
         }
         if sink.is_none() {
@@ -75,23 +89,25 @@ impl Subscriber {
             }
         }
         let s = sink.as_mut().expect("connected above");
-        if let Err(e) = s.subscribe(channel).await {
+        if let Err(e) = s.subscribe(&channels).await {
             *sink = None;
             return Err(node.error(e));
         }
         let idle: Vec<String> = {
-            let mut channels = lock(&self.channels);
-            channels.insert(channel.to_owned(), name.into());
-            if channels.len() < SWEEP_AT {
+            let mut known = lock(&self.channels);
+            for c in channels {
+                known.insert(c, name.into());
+            }
+            if known.len() < SWEEP_AT {
                 Vec::new()
             } else {
-                let idle: Vec<String> = channels
+                let idle: Vec<String> = known
                     .iter()
                     .filter(|(_, n)| !self.wakeups.has_interest(n))
                     .map(|(c, _)| c.clone())
                     .collect();
                 for c in &idle {
-                    channels.remove(c);
+                    known.remove(c);
                 }
                 idle
             }
