@@ -136,6 +136,74 @@ async fn redis_py_and_fenced_run_never_overlap() {
     );
 }
 
+/// While someone queues, a release names the queue's head on the head
+/// owner's own channel (Redisson `RFairLock`'s `<channel>:<field>`), so
+/// other processes sleep on; with nobody queued it publishes Redisson's
+/// `0` on the lock's channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_queue_head_on_its_own_channel() {
+    let t = Timing::default();
+    let server = RedisServer::start();
+    let (holder, waiter) = (
+        Client::connect(&server.url()).await.unwrap(),
+        Client::connect(&server.url()).await.unwrap(),
+    );
+    let name = unique("head");
+    let field = format!("{}:{}", waiter.id(), waiter.owner().id());
+    let channel = format!("redisson_lock__channel:{{{name}}}");
+    let mut sub = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut pubsub = sub.as_pubsub();
+    pubsub.psubscribe(format!("{channel}*")).unwrap();
+    pubsub.set_read_timeout(Some(t.eventually())).unwrap();
+
+    let g = holder.mutex(&name).unwrap().acquire().await.unwrap();
+    let lock = waiter.mutex(&name).unwrap();
+    let w = tokio::spawn(async move {
+        let g = lock.acquire().await.unwrap();
+        let token = g.fencing_token();
+        assert!(g.release().await.unwrap());
+        token
+    });
+    let queued = tokio::time::Instant::now() + t.eventually();
+    while holder.status(&name).await.unwrap().waiters == 0 {
+        assert!(
+            tokio::time::Instant::now() < queued,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(t.ms(10)).await;
+    }
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(format!("fenced_queue:{{{name}}}"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(members.len(), 1, "{members:?}");
+    let (ticket, who) = members[0].split_once('|').expect("<ticket>|<owner>");
+    assert_eq!(who, field);
+    let first = g.fencing_token();
+    assert!(g.release().await.unwrap());
+    let msg = pubsub.get_message().expect("the release publishes");
+    assert_eq!(msg.get_channel_name(), format!("{channel}:{field}"));
+    assert_eq!(msg.get_payload::<String>().unwrap(), ticket);
+    let token = tokio::time::timeout(t.eventually(), w)
+        .await
+        .expect("the head was woken")
+        .unwrap();
+    assert!(token > first);
+    // The head's release leaves nobody queued: Redisson's `0`, for all.
+    let msg = pubsub.get_message().expect("the head's release publishes");
+    assert_eq!(msg.get_channel_name(), channel);
+    assert_eq!(msg.get_payload::<String>().unwrap(), "0");
+}
+
 /// The default layout is Redisson `RLock`'s: a hash field
 /// `<client id>:<owner id>` with the hold count and a PEXPIRE, released
 /// with a publish of `0` on `redisson_lock__channel:{name}`. A holder

@@ -279,12 +279,19 @@ if changed then wake(channel) end
 return {1, token}
 "#;
 
-/// The uncontended acquire of the `redisson` layout, before any other
-/// code of the script runs: a free lock and a request that does not queue
-/// with nobody queued is granted in 5 calls (the hash, the clock, the counter, the grant, its
-/// expiry). Anything else falls through to the general script.
+/// The two common grants of the `redisson` layout, before any other code
+/// of the script runs: a free lock and a request that does not queue with
+/// nobody queued is granted in 5 calls (the hash, the clock, the counter,
+/// the grant, its expiry); a free lock and the queue's head asking for it
+/// exclusively (a release has just woken it) in 8 (its place looked up and
+/// dropped). Anything else falls through to the general script.
 const FAST_ACQUIRE_HASH: &str = r#"
-if ARGV[7] ~= '1' and ARGV[9] == '' and redis.call('EXISTS', KEYS[1], KEYS[4]) == 0 then
+local fast_head = nil
+if ARGV[9] ~= '' and ARGV[3] == '0' and redis.call('EXISTS', KEYS[1]) == 0 then
+  local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+  if head == ARGV[9] .. '|' .. ARGV[13] then fast_head = head end
+end
+if fast_head or (ARGV[7] ~= '1' and ARGV[9] == '' and redis.call('EXISTS', KEYS[1], KEYS[4]) == 0) then
   local t = redis.call('TIME')
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local now = math.floor(now_us / 1000)
@@ -299,28 +306,44 @@ if ARGV[7] ~= '1' and ARGV[9] == '' and redis.call('EXISTS', KEYS[1], KEYS[4]) =
     ARGV[1] .. '|' .. ARGV[3] .. '|' .. ARGV[4] .. '|' .. ARGV[5] .. '|' .. string.format('%.0f', tok)
       .. '|' .. string.format('%.0f', now + lease))
   redis.call('PEXPIRE', KEYS[1], lease)
+  if fast_head then
+    redis.call('ZREM', KEYS[4], fast_head)
+    redis.call('ZREM', KEYS[5], fast_head, '~handoff')
+  end
   return {1, tok}
 end
 "#;
 
 /// The common release of the `redisson` layout: the owner's only hold,
-/// exclusive, with nobody queued, so the key's expiry is its lease, a
-/// present key means a live hold, and the release wakes every waiter
-/// (Redisson's unlock message): 4 calls. ARGV as for [`RELEASE`]. Anything
-/// else falls through, a queue to `wake()`.
+/// exclusive, so the key's expiry is its lease and a present key means a
+/// live hold. With nobody queued, the release wakes every waiter
+/// (Redisson's unlock message): 4 calls; with a queue, the general
+/// script's `wake()` follows (`released_fast`). ARGV as for [`RELEASE`].
+/// Anything else falls through.
 const FAST_RELEASE_HASH: &str = r#"
+local released_fast = false
 local got = redis.call('HMGET', KEYS[1], '~' .. ARGV[1], ARGV[3])
 if not got[1] then return 0 end
-if string.match(got[1], '|(%d+)|%d+|%d+|%d+|%d+$') == '0' and (tonumber(got[2]) or 0) <= 1
-    and redis.call('EXISTS', KEYS[4]) == 0 then
+if string.match(got[1], '|(%d+)|%d+|%d+|%d+|%d+$') == '0' and (tonumber(got[2]) or 0) <= 1 then
   redis.call('HDEL', KEYS[1], '~' .. ARGV[1], ARGV[3])
-  redis.call('PUBLISH', ARGV[2], '0')
-  return 1
+  if redis.call('EXISTS', KEYS[4]) == 0 then
+    redis.call('PUBLISH', ARGV[2], '0')
+    return 1
+  end
+  released_fast = true
 end
 "#;
 
+/// What the general release needs of the fast path where the layout has
+/// none.
+const NO_FAST_RELEASE: &str = "local released_fast = false\n";
+
 /// Release. ARGV: hold id, channel, owner field. Returns 1 if the hold was live.
 const RELEASE: &str = r#"
+if released_fast then
+  wake(ARGV[2])
+  return 1
+end
 local h = hold_of(ARGV[1])
 if not h then return 0 end
 remove_hold(h)
@@ -473,13 +496,14 @@ impl Scripts {
         let with =
             |body: &str| redis::Script::new(&format!("{COMMON}{layout}{GRANT_COMMON}{body}"));
         // The `redisson` layout's hot paths run before the shared code.
-        let fast = |fast: &str, body: &str| {
-            let fast = if simple { "" } else { fast };
+        // (`instead` stands in for it in the `simple` layout.)
+        let fast = |fast: &str, instead: &str, body: &str| {
+            let fast = if simple { instead } else { fast };
             redis::Script::new(&format!("{fast}{COMMON}{layout}{GRANT_COMMON}{body}"))
         };
         Scripts {
-            acquire: fast(FAST_ACQUIRE_HASH, ACQUIRE),
-            release: fast(FAST_RELEASE_HASH, RELEASE),
+            acquire: fast(FAST_ACQUIRE_HASH, "", ACQUIRE),
+            release: fast(FAST_RELEASE_HASH, NO_FAST_RELEASE, RELEASE),
             abandon: with(ABANDON),
             status: with(STATUS),
             force: with(FORCE),
