@@ -24,6 +24,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+mod raw;
+
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
     /// Scenarios to run.
@@ -101,6 +103,10 @@ pub(crate) struct S2WorkerArgs {
 /// S1 is bounded at 60 s whatever the iteration count.
 const S1_LIMIT: Duration = Duration::from_secs(60);
 
+/// S1 runs in this many slices, each after a slice of the engine's raw
+/// loop (see [`raw`]).
+const S1_SLICES: u64 = 10;
+
 fn mono_ns() -> u64 {
     let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .expect("CLOCK_MONOTONIC is always there on Linux");
@@ -168,6 +174,7 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     let target = args.spawn.map(|t| t.name().to_owned());
     #[cfg(not(feature = "torture"))]
     let target: Option<String> = None;
+    #[cfg_attr(not(feature = "torture"), allow(clippy::unnecessary_literal_unwrap))]
     let target = target.unwrap_or_else(|| {
         let advisory = if url.contains("mode=advisory") {
             "-advisory"
@@ -180,29 +187,6 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
         json: args.json,
         target,
     };
-    #[cfg(feature = "zookeeper")]
-    if let Some((rate, cmd)) = zk_limit(&url).await? {
-        plot.rates.push(("limit: raw write loop".into(), rate));
-        report.row(
-            json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
-                          "ops_per_sec": rate}),
-        );
-    }
-    #[cfg(feature = "etcd")]
-    if let Some((rate, cmd)) = etcd_limit(&url).await? {
-        plot.rates.push(("limit: raw write loop".into(), rate));
-        report.row(
-            json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
-                          "ops_per_sec": rate}),
-        );
-    }
-    if let Some((rate, cmd)) = sql_limit(&url).await? {
-        plot.rates.push(("limit: raw write loop".into(), rate));
-        report.row(
-            json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
-                          "ops_per_sec": rate}),
-        );
-    }
     let limits = redis_limits(&url)?;
     if let Some(l) = &limits {
         plot.rates.push(("limit: SET / 2".into(), l.set / 2.0));
@@ -213,22 +197,33 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
             );
         }
     }
-    let client_set = match limits {
-        Some(_) => redis_client_limit(&url).await?,
-        None => None,
-    };
-    if let Some((rate, cmd)) = &client_set {
+    // The raw loop runs in slices between S1's when S1 runs, else at once.
+    let mut raw = raw::RawLoop::open(&url).await?;
+    let limit_row = |raw: &raw::RawLoop, plot: &mut Plot| {
+        if !raw.is_redis() {
+            plot.rates
+                .push(("limit: raw write loop".into(), raw.pairs_rate()));
+        }
         report.row(
-            json!({"limit": true, "backend": scheme, "command": cmd, "clients": 1,
-                          "ops_per_sec": rate}),
+            json!({"limit": true, "backend": scheme, "command": raw.command(),
+                          "clients": 1, "ops_per_sec": raw.rate()}),
         );
+    };
+    if let Some(r) = &mut raw
+        && !args.scenarios.contains(&Scenario::S1)
+    {
+        r.run(r.default_n).await?;
+        limit_row(r, &mut plot);
     }
     for s in &args.scenarios {
         match s {
             Scenario::S1 => {
                 let pb = bar("S1", Some(args.iterations));
-                let r = s1(&client, args.iterations, pb.as_ref()).await?;
+                let r = s1(&client, args.iterations, pb.as_ref(), raw.as_mut()).await?;
                 pb.inspect(|b| b.finish_and_clear());
+                if let Some(raw) = &raw {
+                    limit_row(raw, &mut plot);
+                }
                 plot.latency
                     .push(("S1 acquire+release".into(), r.total.clone()));
                 plot.rates.push(("S1".into(), r.ops));
@@ -244,8 +239,12 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
                     row["ratio_to_set_half"] = json!(r.ops / (l.set / 2.0));
                     row["ratio_to_eval_half"] = json!(r.ops / (l.eval / 2.0));
                 }
-                if let Some((rate, _)) = &client_set {
-                    row["ratio_to_client_set_half"] = json!(r.ops / (rate / 2.0));
+                match &raw {
+                    Some(raw) if raw.is_redis() => {
+                        row["ratio_to_client_set_half"] = json!(r.ops / raw.pairs_rate());
+                    }
+                    Some(raw) => row["ratio_to_limit"] = json!(r.ops / raw.pairs_rate()),
+                    None => {}
                 }
                 report.row(row);
             }
@@ -325,6 +324,9 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
         }
     }
     client.close().await;
+    if let Some(r) = raw {
+        r.close().await;
+    }
     if let Some(path) = &args.plot {
         plot.draw(path, &scheme)?;
         if !args.json {
@@ -461,10 +463,13 @@ struct S1 {
     secs: f64,
 }
 
+/// S1, in [`S1_SLICES`] slices with a slice of the engine's raw loop
+/// before each, if there is one; only S1's own time counts in its rate.
 async fn s1(
     client: &fenced::Client,
     iterations: u64,
     pb: Option<&indicatif::ProgressBar>,
+    mut raw: Option<&mut raw::RawLoop>,
 ) -> anyhow::Result<S1> {
     let lock = client.mutex("bench:s1")?;
     let mut h = Histogram::<u64>::new(3)?;
@@ -473,22 +478,31 @@ async fn s1(
     for _ in 0..100 {
         lock.acquire().await?.release().await?;
     }
-    let start = Instant::now();
+    let bounded = Instant::now();
+    let mut secs = 0.0;
     let mut n = 0;
-    while n < iterations && start.elapsed() < S1_LIMIT {
-        let t = Instant::now();
-        let g = lock.acquire().await?;
-        ha.record(t.elapsed().as_micros() as u64)?;
-        g.release().await?;
-        h.record(t.elapsed().as_micros() as u64)?;
-        n += 1;
-        if n % 256 == 0
-            && let Some(b) = pb
-        {
-            b.set_position(n);
+    let slice = iterations.div_ceil(S1_SLICES).max(1);
+    while n < iterations && bounded.elapsed() < S1_LIMIT {
+        if let Some(r) = raw.as_deref_mut() {
+            r.run(r.default_n.div_ceil(S1_SLICES)).await?;
         }
+        let started = Instant::now();
+        let end = (n + slice).min(iterations);
+        while n < end && bounded.elapsed() < S1_LIMIT {
+            let t = Instant::now();
+            let g = lock.acquire().await?;
+            ha.record(t.elapsed().as_micros() as u64)?;
+            g.release().await?;
+            h.record(t.elapsed().as_micros() as u64)?;
+            n += 1;
+            if n % 256 == 0
+                && let Some(b) = pb
+            {
+                b.set_position(n);
+            }
+        }
+        secs += started.elapsed().as_secs_f64();
     }
-    let secs = start.elapsed().as_secs_f64();
     Ok(S1 {
         ops: n as f64 / secs,
         total: h,
@@ -847,141 +861,6 @@ fn redis_limits(url: &str) -> anyhow::Result<Option<Limits>> {
         eval,
         eval_cmd,
     }))
-}
-
-/// The same `SET` loop as `redis-benchmark -c 1`, but through the client
-/// fenced itself uses (the `redis` crate's multiplexed connection on
-/// tokio): what any lock built on that client could reach, so the gap
-/// between it and `redis-benchmark` is the client's, not the lock's.
-#[cfg(feature = "redis")]
-async fn redis_client_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
-    let mut base = url::Url::parse(url)?;
-    base.set_query(None);
-    let client = redis::Client::open(base.as_str())?;
-    let mut c = client.get_multiplexed_async_connection().await?;
-    let n = 20_000u32;
-    let started = Instant::now();
-    for _ in 0..n {
-        let () = redis::cmd("SET")
-            .arg("bench:limit")
-            .arg("v")
-            .query_async(&mut c)
-            .await?;
-    }
-    let rate = f64::from(n) / started.elapsed().as_secs_f64();
-    Ok(Some((
-        rate,
-        format!("{n} x SET over the redis crate's multiplexed connection (fenced's client)"),
-    )))
-}
-
-#[cfg(not(feature = "redis"))]
-async fn redis_client_limit(_url: &str) -> anyhow::Result<Option<(f64, String)>> {
-    Ok(None)
-}
-
-/// No SQL backend built in: no SQL limit.
-#[cfg(not(any(feature = "postgres", feature = "mysql")))]
-async fn sql_limit(_url: &str) -> anyhow::Result<Option<(f64, String)>> {
-    Ok(None)
-}
-
-/// The cost of one statement on a SQL server: a raw loop of one-row
-/// upserts on one connection (an acquire + release is at least two), or
-/// `None` for other backends.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-async fn sql_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
-    // Several hosts (Sentinel, Cluster, RedLock) do not parse as one URL.
-    let Ok(mut base) = url::Url::parse(url) else {
-        return Ok(None);
-    };
-    base.set_query(None);
-    let n = 5000u32;
-    let started;
-    let sql;
-    match base.scheme() {
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => {
-            use sqlx::Connection;
-            sql = "INSERT INTO fenced_locks (name) VALUES ('bench:limit') \
-                ON CONFLICT (name) DO UPDATE SET token = fenced_locks.token + 1";
-            let mut c = sqlx::PgConnection::connect(base.as_str()).await?;
-            started = Instant::now();
-            for _ in 0..n {
-                sqlx::query(sql).execute(&mut c).await?;
-            }
-            c.close().await?;
-        }
-        #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => {
-            use sqlx::Connection;
-            let _ = base.set_scheme("mysql");
-            sql = "INSERT INTO fenced_locks (name) VALUES ('bench:limit') \
-                ON DUPLICATE KEY UPDATE token = token + 1";
-            let mut c = sqlx::MySqlConnection::connect(base.as_str()).await?;
-            started = Instant::now();
-            for _ in 0..n {
-                sqlx::query(sql).execute(&mut c).await?;
-            }
-            c.close().await?;
-        }
-        _ => return Ok(None),
-    }
-    let rate = f64::from(n) / started.elapsed().as_secs_f64();
-    Ok(Some((rate, format!("{n} x {sql}"))))
-}
-
-/// etcd's own cost of a lock's writes: a raw loop of put-with-lease +
-/// delete of one key on one connection (pairs/s; an acquire + release is
-/// one of each), or `None` for other backends.
-#[cfg(feature = "etcd")]
-async fn etcd_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
-    let Some(rest) = url.strip_prefix("etcd://") else {
-        return Ok(None);
-    };
-    let hosts = rest.split(['?', '/']).next().unwrap_or("");
-    let endpoints: Vec<String> = hosts.split(',').map(|h| format!("http://{h}")).collect();
-    let mut c = etcd_client::Client::connect(&endpoints, None).await?;
-    let lease = c.lease_grant(30, None).await?.id();
-    let n = 2000u32;
-    let key = "bench:limit/raw";
-    let started = Instant::now();
-    for _ in 0..n {
-        let opts = etcd_client::PutOptions::new().with_lease(lease);
-        c.put(key, "", Some(opts)).await?;
-        c.delete(key, None).await?;
-    }
-    let rate = f64::from(n) / started.elapsed().as_secs_f64();
-    let _ = c.lease_revoke(lease).await;
-    Ok(Some((
-        rate,
-        format!("{n} x (put {key} with a lease; delete {key})"),
-    )))
-}
-
-/// ZooKeeper's own cost of a lock's writes: a raw loop of
-/// create-ephemeral-sequential + delete on one session (pairs/s), or
-/// `None` for other backends.
-#[cfg(feature = "zookeeper")]
-async fn zk_limit(url: &str) -> anyhow::Result<Option<(f64, String)>> {
-    let Some(rest) = url.strip_prefix("zk://") else {
-        return Ok(None);
-    };
-    let connect = rest.split('?').next().unwrap_or("");
-    let z = zookeeper_client::Client::connect(connect).await?;
-    let opts = zookeeper_client::CreateMode::EphemeralSequential
-        .with_acls(zookeeper_client::Acls::anyone_all());
-    let n = 2000u32;
-    let started = Instant::now();
-    for _ in 0..n {
-        let (_, seq) = z.create("/bench-limit-", b"", &opts).await?;
-        z.delete(&format!("/bench-limit-{seq}"), None).await?;
-    }
-    let rate = f64::from(n) / started.elapsed().as_secs_f64();
-    Ok(Some((
-        rate,
-        format!("{n} x (create -e -s /bench-limit-; delete it)"),
-    )))
 }
 
 /// This process's resident set, MB, and CPU time used, s (from /proc).

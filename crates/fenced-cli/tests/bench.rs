@@ -102,6 +102,32 @@ fn every_scenario_runs_and_reports_what_it_must() {
     );
 }
 
+/// On a single server, S1 runs in slices between slices of the engine's
+/// raw write loop, and its row carries its ratio to that loop.
+#[test]
+fn s1_is_measured_beside_the_raw_loop_of_the_same_server() {
+    for (topology, ratio, engine) in [
+        (
+            "redis",
+            "ratio_to_client_set_half",
+            "SET over the redis crate",
+        ),
+        ("postgres", "ratio_to_limit", "INSERT INTO fenced_locks"),
+    ] {
+        let rows = bench(&["--spawn", topology, "s1", "--iterations", "200"]);
+        let s1 = &scenario(&rows, "S1")[0];
+        assert_eq!(s1["iterations"], 200, "{rows:?}");
+        let r = s1[ratio].as_f64().unwrap_or(f64::NAN);
+        assert!(r.is_finite() && r > 0.0, "{ratio} in {s1}");
+        let raw: Vec<_> = rows
+            .iter()
+            .filter(|r| r["limit"] == true && r["command"].as_str().unwrap_or("").contains(engine))
+            .collect();
+        assert_eq!(raw.len(), 1, "one raw-loop row on {topology}: {rows:?}");
+        assert!(raw[0]["ops_per_sec"].as_f64().unwrap_or(0.0) > 0.0);
+    }
+}
+
 /// Multi-host URLs (RedLock, Sentinel, Cluster) have no single-server
 /// limit to measure, and must not fail for it.
 #[test]
