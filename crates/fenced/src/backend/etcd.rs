@@ -465,23 +465,31 @@ impl Inner {
         let lease = self.lease()?;
         let own = self.own_key(req, &prefix, lease);
         let mut etcd = self.etcd.clone();
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                own.key.clone(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([
-                TxnOp::put(
+        // A waiter's key exists already: a read-only transaction looks at
+        // the queue without a write through consensus (etcd sends a
+        // transaction through Raft if either branch writes, taken or not).
+        let known = own.rev.load(Ordering::Acquire) > 0;
+        let txn = if known {
+            Txn::new().and_then([queue_get(&prefix)])
+        } else {
+            Txn::new()
+                .when([Compare::create_revision(
                     own.key.clone(),
-                    value_of(req.mode),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                queue_get(&prefix),
-            ])
-            .or_else([queue_get(&prefix)]);
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then([
+                    TxnOp::put(
+                        own.key.clone(),
+                        value_of(req.mode),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                    queue_get(&prefix),
+                ])
+                .or_else([queue_get(&prefix)])
+        };
         let r = etcd.txn(txn).await.map_err(|e| self.err(e))?;
-        let created = r.succeeded();
+        let created = !known && r.succeeded();
         let at = revision(&r);
         let kvs = gets(&r).pop().unwrap_or_default();
         let Some(me) = kvs.iter().position(|kv| kv.key() == own.key.as_slice()) else {
