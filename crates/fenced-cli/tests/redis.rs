@@ -29,6 +29,14 @@ fn python() -> PathBuf {
     panic!("no python3 with redis-py: run scripts/test, or `apt-get install python3-redis`");
 }
 
+/// A plain connection to the server, for what fenced's API does not show.
+fn raw_connection(server: &RedisServer) -> redis::Connection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
 fn py_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/redis_py_lock.py")
 }
@@ -151,10 +159,7 @@ async fn a_release_wakes_the_queue_head_on_its_own_channel() {
     let name = unique("head");
     let field = format!("{}:{}", waiter.id(), waiter.owner().id());
     let channel = format!("redisson_lock__channel:{{{name}}}");
-    let mut sub = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut sub = raw_connection(&server);
     let mut pubsub = sub.as_pubsub();
     pubsub.psubscribe(format!("{channel}*")).unwrap();
     pubsub.set_read_timeout(Some(t.eventually())).unwrap();
@@ -175,10 +180,7 @@ async fn a_release_wakes_the_queue_head_on_its_own_channel() {
         );
         tokio::time::sleep(t.ms(10)).await;
     }
-    let mut con = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = raw_connection(&server);
     let members: Vec<String> = redis::cmd("ZRANGE")
         .arg(format!("fenced_queue:{{{name}}}"))
         .arg(0)
@@ -216,8 +218,7 @@ async fn redisson_layout_on_the_wire() {
     let c = Client::connect(&server.url()).await.unwrap();
     let name = unique("rsn");
     let field = format!("{}:{}", c.id(), c.owner().id());
-    let con = redis::Client::open(server.url()).unwrap();
-    let mut con = con.get_connection().unwrap();
+    let mut con = raw_connection(&server);
     let redisson_lock = redis::Script::new(
         "if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then \
            redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil end \
@@ -231,10 +232,7 @@ async fn redisson_layout_on_the_wire() {
     let channel = format!("redisson_lock__channel:{{{name}}}");
 
     // fenced holds: the hash looks like Redisson's, and Redisson waits.
-    let mut sub = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut sub = raw_connection(&server);
     let mut pubsub = sub.as_pubsub();
     pubsub.subscribe(&channel).unwrap();
     pubsub.set_read_timeout(Some(t.eventually())).unwrap();

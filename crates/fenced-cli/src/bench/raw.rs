@@ -9,6 +9,18 @@
 //! drifts by tens of percent within a minute, and measured one after the
 //! other their ratio drifts with it.
 
+// With no engine built in, the loops below have no arms to run.
+#![cfg_attr(
+    not(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "etcd",
+        feature = "zookeeper",
+        feature = "redis"
+    )),
+    allow(unused_variables, unreachable_code, clippy::never_loop)
+)]
+
 use std::time::Instant;
 
 /// One open connection and what its loop has measured so far.
@@ -52,16 +64,6 @@ const ETCD_KEY: &str = "bench:limit/raw";
 impl RawLoop {
     /// A connection for the loop of `url`'s engine, or `None` where there
     /// is no single server to loop on (Sentinel, Cluster, RedLock, SQLite).
-    #[cfg_attr(
-        not(any(
-            feature = "postgres",
-            feature = "mysql",
-            feature = "etcd",
-            feature = "zookeeper",
-            feature = "redis"
-        )),
-        allow(unused_variables, unreachable_code)
-    )]
     pub(super) async fn open(url: &str) -> anyhow::Result<Option<RawLoop>> {
         let scheme = url.split("://").next().unwrap_or("");
         let (conn, default_n, per_pair, what) = match scheme {
@@ -121,16 +123,6 @@ impl RawLoop {
     }
 
     /// Runs `n` more iterations, timed.
-    #[cfg_attr(
-        not(any(
-            feature = "postgres",
-            feature = "mysql",
-            feature = "etcd",
-            feature = "zookeeper",
-            feature = "redis"
-        )),
-        allow(clippy::never_loop)
-    )]
     pub(super) async fn run(&mut self, n: u64) -> anyhow::Result<()> {
         let started = Instant::now();
         for _ in 0..n {
