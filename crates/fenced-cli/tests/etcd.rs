@@ -122,18 +122,7 @@ async fn leader_killed_while_held() {
     let t = Timing::default();
     let mut c = EtcdCluster::start_n(3);
     let url = format!("{}?lease_ttl=3s", c.url());
-    let (a, b) = (
-        Client::connect(&url).await.unwrap(),
-        Client::connect(&url).await.unwrap(),
-    );
-    let name = unique("leader");
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .lease(t.ms(2000))
-        .acquire()
-        .await
-        .unwrap();
+    let (_a, b, name, g) = fenced_testkit::one_holds(&url, "leader", &t).await;
     let leader = c.leader().expect("a leader");
     c.kill(leader);
     let lock = b.mutex(&name).unwrap();

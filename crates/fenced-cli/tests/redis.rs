@@ -454,6 +454,124 @@ async fn sentinel_failover_what_is_kept_and_what_is_lost() {
     drop(g);
 }
 
+/// Sentinel: a client follows the master the sentinels name even while
+/// the one it was connected to still answers as a master. Here the old
+/// master shuts the sentinels out (they log in as `default`, clients as
+/// `app`), so they fail over without demoting it; the grant that "did not
+/// reach the replica" is deleted on the promoted one. The holder must learn
+/// that its hold is gone instead of renewing it on the old master for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_client_leaves_a_replaced_master_that_still_answers() {
+    let t = Timing::default();
+    let group = RedisSentinel::start();
+    for n in &group.nodes {
+        n.cmd(&["ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all"])
+            .unwrap();
+    }
+    let url = group
+        .url()
+        .replacen("redis+sentinel://", "redis+sentinel://app:pw@", 1);
+    let (_a, _b, name, g) = fenced_testkit::one_holds(&url, "moved", &t).await;
+    let old = group.master_port().unwrap();
+    let replicas: Vec<u16> = group
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .filter(|p| *p != old)
+        .collect();
+    t.wait_until("the grant never reached the replicas", || async {
+        replicas.iter().all(|p| {
+            fenced_testkit::servers::redis::cmd_at(*p, &["EXISTS", &name])
+                .is_ok_and(|v| v == redis::Value::Int(1))
+        })
+    })
+    .await;
+    let mut app = redis::Client::open(format!("redis://app:pw@127.0.0.1:{old}"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    redis::cmd("ACL")
+        .arg(&["SETUSER", "default", "off"])
+        .exec(&mut app)
+        .unwrap();
+    redis::cmd("CLIENT")
+        .arg(&["KILL", "USER", "default"])
+        .exec(&mut app)
+        .unwrap();
+    let until = tokio::time::Instant::now() + t.ms(60_000);
+    let new = loop {
+        let named: Vec<Option<u16>> = group
+            .sentinels
+            .iter()
+            .map(|s| {
+                let v = fenced_testkit::servers::redis::cmd_at(
+                    s.port,
+                    &[
+                        "SENTINEL",
+                        "get-master-addr-by-name",
+                        fenced_testkit::servers::redis::SERVICE,
+                    ],
+                )
+                .ok()?;
+                redis::from_redis_value::<Vec<String>>(v)
+                    .ok()?
+                    .get(1)?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        if let Some(Some(p)) = named.first()
+            && *p != old
+            && named.iter().all(|n| *n == Some(*p))
+        {
+            break *p;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the sentinels never agreed on a new master: {named:?}"
+        );
+        tokio::time::sleep(t.ms(100)).await;
+    };
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut app).unwrap();
+    assert_eq!(
+        role.first(),
+        Some(&redis::Value::BulkString(b"master".to_vec())),
+        "the old master was not demoted"
+    );
+    fenced_testkit::servers::redis::cmd_at(new, &["DEL", &name]).unwrap();
+    // A client that connects now: one that was connected before may not
+    // have read the sentinels' `+switch-master` yet.
+    let b = Client::connect(&url).await.unwrap();
+    let lock_b = b.mutex(&name).unwrap();
+    let other = t
+        .until_available("the new master answers", || lock_b.try_acquire())
+        .await;
+    let Some(other) = other else {
+        panic!(
+            "the lock is held where a new client looks (the old master?): {:?}",
+            lock_b.status().await
+        );
+    };
+    let reason = tokio::time::timeout(t.ms(30_000), g.lost())
+        .await
+        .expect("the holder never learned that the sentinels' master lost its hold");
+    assert!(!reason.to_string().is_empty());
+    assert!(
+        !g.release().await.unwrap(),
+        "the hold was not ours any more"
+    );
+    assert!(other.release().await.unwrap());
+
+    let unknown = url.replace("/mymaster", "/nosuchservice");
+    let e = Client::connect(&unknown).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(
+        e.to_string()
+            .contains("no sentinel watches a master of this name"),
+        "{e}"
+    );
+}
+
 /// Bad URLs, credentials, names and leases get clear errors; a server that
 /// dies under a waiter gives an error, not a hang; nothing is left held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -110,18 +110,7 @@ async fn leader_killed_while_held() {
     let t = Timing::default();
     let mut z = ZkEnsemble::start_n(3);
     let url = format!("{}?session_timeout=4s", z.url());
-    let (a, b) = (
-        Client::connect(&url).await.unwrap(),
-        Client::connect(&url).await.unwrap(),
-    );
-    let name = unique("zkleader");
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .lease(t.ms(2000))
-        .acquire()
-        .await
-        .unwrap();
+    let (_a, b, name, g) = fenced_testkit::one_holds(&url, "zkleader", &t).await;
     let leader = z.leader().expect("a leader");
     z.kill(leader);
     let lock = b.mutex(&name).unwrap();

@@ -22,6 +22,27 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// What the fault tests of a server topology start from: two clients of
+/// `url`, and the first holding a fresh name (`prefix`) with a renewed
+/// lease of 2 s (scaled by `t`).
+pub async fn one_holds(
+    url: &str,
+    prefix: &str,
+    t: &crate::Timing,
+) -> (fenced::Client, fenced::Client, String, fenced::Guard) {
+    let a = fenced::Client::connect(url).await.unwrap();
+    let b = fenced::Client::connect(url).await.unwrap();
+    let name = unique(prefix);
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .lease(t.ms(2000))
+        .acquire()
+        .await
+        .unwrap();
+    (a, b, name, g)
+}
+
 impl Fixture {
     /// A fresh `memory://` namespace.
     pub fn memory() -> Self {

@@ -253,17 +253,13 @@ pub fn expect(family: Family, fault: Option<Fault>) -> Option<Expect> {
             _ => return None,
         },
         // Asynchronous replication: the promoted replica may not have the
-        // lock (tokens still rise: they follow the server's clock). And
-        // the killed master comes back empty and a master until Sentinel
-        // demotes it; a client that a Sentinel not yet told of the
-        // failover sends there is granted the lock while its holder's
-        // grant lives on the new master, so that holder has nothing to
-        // lose and no lost signal to give (seen in CI: a refused write,
-        // then a release that found the hold still there).
+        // lock (tokens still rise: they follow the server's clock). The
+        // lost signal holds: clients follow the newest master the
+        // sentinels name and leave a replaced one at `+switch-master`,
+        // where a hold that did not survive is found missing.
         Some(Fault::Failover) => match family {
             B::Sentinel => Expect {
                 exclusion: M,
-                signals: M,
                 ..must
             },
             _ => return None,

@@ -11,7 +11,7 @@ use std::time::Duration;
 /// Where the master is found.
 pub(super) enum Target {
     Fixed(Box<redis::Client>),
-    Sentinel(Box<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+    Sentinel(Box<super::sentinel::Sentinels>),
     /// The cluster client, and one plain client per seed node for pub/sub.
     Cluster(Box<redis::cluster::ClusterClient>, Vec<redis::Client>),
 }
@@ -66,7 +66,9 @@ pub(super) struct Node {
     pub(super) target: Target,
     pub(super) label: String,
     config: AsyncConnectionConfig,
-    cached: Mutex<Option<(u64, Conn)>>,
+    /// The connection, its generation, and (under Sentinel) the number of
+    /// master switches announced before it was made.
+    cached: Mutex<Option<(u64, Conn, u64)>>,
     connecting: tokio::sync::Mutex<u64>,
 }
 
@@ -84,11 +86,31 @@ impl Node {
         }
     }
 
+    /// Master switches the sentinels have announced (Sentinel only).
+    pub(super) fn switches(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match &self.target {
+            Target::Sentinel(s) => Some(s.switches()),
+            _ => None,
+        }
+    }
+
+    fn switches_seen(&self) -> u64 {
+        match &self.target {
+            Target::Sentinel(s) => s.switches_seen(),
+            _ => 0,
+        }
+    }
+
+    /// The cached connection, unless a master switch was announced since
+    /// it was made.
     fn current(&self) -> Option<(u64, Conn)> {
-        self.cached
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+        match &*cached {
+            Some((generation, conn, seen)) if *seen == self.switches_seen() => {
+                Some((*generation, conn.clone()))
+            }
+            _ => None,
+        }
     }
 
     /// The current connection, made if there is none.
@@ -100,11 +122,13 @@ impl Node {
         if let Some(c) = self.current() {
             return Ok(c);
         }
+        // Read before the lookup: a switch announced during it connects again.
+        let seen = self.switches_seen();
         let conn = self.connect().await.map_err(|e| self.error(e))?;
         *generation += 1;
-        let c = (*generation, conn);
-        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
-        Ok(c)
+        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((*generation, conn.clone(), seen));
+        Ok((*generation, conn))
     }
 
     async fn connect(&self) -> redis::RedisResult<Conn> {
@@ -115,7 +139,7 @@ impl Node {
                     .await?,
             )),
             Target::Sentinel(s) => {
-                let client = s.lock().await.async_get_client().await?;
+                let client = s.master().await?;
                 let mut c = client
                     .get_multiplexed_async_connection_with_config(&self.config)
                     .await?;
@@ -137,10 +161,7 @@ impl Node {
     pub(super) async fn pubsub(&self) -> redis::RedisResult<redis::aio::PubSub> {
         match &self.target {
             Target::Fixed(c) => c.get_async_pubsub().await,
-            Target::Sentinel(s) => {
-                let client = s.lock().await.async_get_client().await?;
-                client.get_async_pubsub().await
-            }
+            Target::Sentinel(s) => s.master().await?.get_async_pubsub().await,
             // PUBLISH reaches every node of a cluster: any one will do.
             Target::Cluster(_, seeds) => {
                 let mut last = None;
@@ -171,7 +192,7 @@ impl Node {
             Err(e) => {
                 if reconnect_after(&e) {
                     let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
-                    if cached.as_ref().is_some_and(|(g, _)| *g == generation) {
+                    if cached.as_ref().is_some_and(|(g, ..)| *g == generation) {
                         *cached = None;
                     }
                 }
@@ -197,6 +218,9 @@ fn reconnect_after(e: &RedisError) -> bool {
 
 pub(super) fn map_error(label: &str, e: RedisError) -> Error {
     let code = e.code().map(str::to_owned);
+    if e.kind() == redis::ErrorKind::InvalidClientConfig {
+        return Error::invalid(format!("Redis at {label}: {e}")).with_source(e);
+    }
     if e.kind() == redis::ErrorKind::AuthenticationFailed {
         return Error::invalid(format!("Redis at {label} refused the credentials: {e}"))
             .with_source(e);

@@ -29,6 +29,7 @@ mod conn;
 pub(crate) use conn::ROUND_TRIPS;
 pub(crate) mod redlock;
 mod scripts;
+mod sentinel;
 mod subscribe;
 
 use super::{
@@ -234,11 +235,11 @@ impl RedisBackend {
                             info = info.set_password(p);
                         }
                         let (h, p) = &ep.hosts[i];
-                        redis::IntoConnectionInfo::into_connection_info(redis::ConnectionAddr::Tcp(
-                            h.clone(),
-                            *p,
-                        ))
-                        .map(|c| c.set_redis_settings(info))
+                        let addr = redis::ConnectionAddr::Tcp(h.clone(), *p);
+                        redis::Client::open(
+                            redis::IntoConnectionInfo::into_connection_info(addr)?
+                                .set_redis_settings(info),
+                        )
                     })
                     .collect::<redis::RedisResult<Vec<_>>>()
                     .map_err(client_err)?;
@@ -249,20 +250,8 @@ impl RedisBackend {
                 if let Some(p) = &ep.password {
                     node_info = node_info.set_password(p);
                 }
-                let client = redis::sentinel::SentinelClient::build(
-                    sentinels,
-                    service,
-                    Some(
-                        redis::sentinel::SentinelNodeConnectionInfo::default()
-                            .set_redis_connection_info(node_info),
-                    ),
-                    redis::sentinel::SentinelServerType::Master,
-                )
-                .map_err(client_err)?;
-                (
-                    "redis+sentinel",
-                    Target::Sentinel(Box::new(tokio::sync::Mutex::new(client))),
-                )
+                let client = sentinel::Sentinels::new(sentinels, service, node_info, timeout);
+                ("redis+sentinel", Target::Sentinel(Box::new(client)))
             }
             "redis+cluster" => {
                 let urls: Vec<String> = (0..ep.hosts.len())

@@ -5,8 +5,9 @@
 //! are subscribed the first time a name is waited on and dropped once many
 //! names have no waiter left.
 //!
-//! If the connection drops, every waiter is woken to try again (a message
-//! may have been lost) and the next wait connects again.
+//! If the connection drops, or the sentinels announce a new master, every
+//! waiter is woken to try again (a message may have been lost) and the
+//! next wait connects again.
 
 use super::conn::Node;
 use crate::core::wake::Wakeups;
@@ -75,6 +76,11 @@ impl Subscriber {
             return Ok(false);
         }
         if sink.is_none() {
+            // Marked seen before connecting: a switch during it connects again.
+            let mut switches = node.switches();
+            if let Some(s) = &mut switches {
+                s.borrow_and_update();
+            }
             let pubsub = node.pubsub().await.map_err(|e| node.error(e))?;
             let (s, stream) = pubsub.split();
             *sink = Some(s);
@@ -83,6 +89,7 @@ impl Subscriber {
                 self.channels.clone(),
                 self.sink.clone(),
                 self.wakeups.clone(),
+                switches,
             ));
             if let Some(old) = lock(&self.reader).replace(task.abort_handle()) {
                 old.abort();
@@ -125,8 +132,16 @@ async fn read(
     channels: Channels,
     sink: Arc<tokio::sync::Mutex<Option<PubSubSink>>>,
     wakeups: Arc<Wakeups>,
+    mut switches: Option<tokio::sync::watch::Receiver<u64>>,
 ) {
-    while let Some(msg) = stream.next().await {
+    loop {
+        // Under Sentinel, a new master ends this connection like a drop:
+        // releases now publish there.
+        let msg = tokio::select! {
+            m = stream.next() => m,
+            () = switched(&mut switches) => None,
+        };
+        let Some(msg) = msg else { break };
         let name = lock(&channels).get(msg.get_channel_name()).cloned();
         // The queue's head ticket wakes that waiter alone; anything
         // else (Redisson's unlock `0`, its read-unlock `1`) wakes all.
@@ -136,12 +151,22 @@ async fn read(
             (None, _) => {}
         }
     }
-    tracing::debug!("redis pub/sub connection closed; waiters will look again");
+    tracing::debug!("redis pub/sub connection closed or moved; waiters will look again");
     *sink.lock().await = None;
     let names: Vec<Arc<str>> = lock(&channels).drain().map(|(_, n)| n).collect();
     for n in names {
         wakeups.bump(&n);
     }
+}
+
+/// Resolves when the sentinels announce a new master; never without them.
+async fn switched(switches: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    if let Some(s) = switches
+        && s.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 use crate::backend::lock;
