@@ -192,3 +192,56 @@ async fn exclusion_holds_under_stricter_default_isolation() {
         fenced_testkit::conformance::semaphore_never_exceeds_permits(&fx).await;
     }
 }
+
+/// The one-round-trip grant is a function fenced creates with its tables.
+/// A client whose function was dropped under it, and a role that may not
+/// create functions, still acquire (by the full transaction) and stay
+/// exclusive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_grant_function_acquires_take_the_transaction() {
+    const FUNCTION: &str =
+        "fenced_try_grant(text, text, text, smallint, integer, integer, double precision)";
+    let server = PgServer::start();
+    let first = Client::connect(&server.url()).await.unwrap();
+    let exists = || {
+        psql(
+            &server,
+            &format!("SELECT to_regprocedure('{FUNCTION}') IS NOT NULL"),
+        )
+    };
+    assert_eq!(exists(), "t", "created with the tables");
+    psql(&server, &format!("DROP FUNCTION {FUNCTION}"));
+    let name = unique("nofunction");
+    let g = first.mutex(&name).unwrap().acquire().await.unwrap();
+    let token = g.fencing_token();
+    assert!(g.release().await.unwrap());
+    let g = first.mutex(&name).unwrap().acquire().await.unwrap();
+    assert!(g.fencing_token() > token);
+    assert!(g.release().await.unwrap());
+
+    psql(
+        &server,
+        "CREATE ROLE app LOGIN; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON fenced_locks, fenced_holds, fenced_waiters, \
+         fenced_registers TO app; \
+         GRANT USAGE ON SEQUENCE fenced_waiters_ticket_seq TO app; \
+         REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+    );
+    let app_url = server
+        .url()
+        .replace("postgres://postgres@", "postgres://app@");
+    let fx = fenced_testkit::Fixture::new(app_url, None, Vec::new());
+    fenced_testkit::conformance::mutual_exclusion_tasks(&fx).await;
+    assert_eq!(exists(), "f", "the role could not create it");
+
+    // Where the tables are missing and the role may not create them, the
+    // error says what to do.
+    psql(&server, "CREATE DATABASE bare");
+    let bare = server
+        .url()
+        .replace("postgres://postgres@", "postgres://app@")
+        .replace("/postgres", "/bare");
+    let e = Client::connect(&bare).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains("PostgreSQL layout"), "{e}");
+}
