@@ -245,3 +245,64 @@ async fn without_the_grant_function_acquires_take_the_transaction() {
     assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
     assert!(e.to_string().contains("PostgreSQL layout"), "{e}");
 }
+
+/// A server that acknowledges commits before writing them
+/// (`synchronous_commit = off`) would forget the last grants and token
+/// raises when it crashes, and the lock would go to two holders. fenced's
+/// own sessions commit synchronously whatever the server's default, so a
+/// hold and a token survive a crash right after they were granted. The
+/// WAL writer is slowed to 10 s so that nothing else writes the grant out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_survive_a_crash_under_asynchronous_commit() {
+    let t = Timing::default();
+    let mut server = PgServer::start();
+    // The tables exist (durably) before the setting changes, so what a
+    // crash could lose is the grant itself.
+    drop(Client::connect(&server.url()).await.unwrap());
+    psql(&server, "ALTER SYSTEM SET wal_writer_delay = '10s'");
+    psql(&server, "SELECT pg_reload_conf()");
+    psql(
+        &server,
+        "ALTER DATABASE postgres SET synchronous_commit = off",
+    );
+    assert_eq!(psql(&server, "SHOW synchronous_commit"), "off");
+    let advisory_url = format!("{}?mode=advisory", server.url());
+    let (a, b, adv) = (
+        Client::connect(&server.url()).await.unwrap(),
+        Client::connect(&server.url()).await.unwrap(),
+        Client::connect(&advisory_url).await.unwrap(),
+    );
+    let (name, adv_name) = (unique("asynccommit"), unique("asynctoken"));
+    let adv_guard = adv.mutex(&adv_name).unwrap().acquire().await.unwrap();
+    let adv_token = adv_guard.fencing_token();
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .lease(t.ms(8000))
+        .acquire()
+        .await
+        .unwrap();
+    server.kill();
+    drop(adv_guard);
+    server.restart();
+    let lock_b = b.mutex(&name).unwrap();
+    let other = t
+        .until_available("the restarted server answers", || lock_b.try_acquire())
+        .await;
+    assert!(
+        other.is_none(),
+        "the grant acknowledged before the crash was forgotten"
+    );
+    let adv_lock = adv.mutex(&adv_name).unwrap();
+    let again = t
+        .until_available("the advisory client reconnects", || adv_lock.try_acquire())
+        .await
+        .expect("nobody holds the advisory lock after the restart");
+    assert!(
+        again.fencing_token() > adv_token,
+        "the token raised before the crash was forgotten: {} after {adv_token}",
+        again.fencing_token()
+    );
+    assert!(again.release().await.unwrap());
+    assert!(g.release().await.unwrap());
+}

@@ -246,6 +246,23 @@ impl MySqlBackend {
                 .execute(&mut *c)
                 .await
                 .map_err(|e| db(&label, e))?;
+            // A global setting only, so unlike PostgreSQL's
+            // synchronous_commit it cannot be raised for our sessions.
+            let flush: Option<i64> = sqlx::query_scalar(
+                "SELECT CAST(@@GLOBAL.innodb_flush_log_at_trx_commit AS SIGNED)",
+            )
+            .fetch_one(&mut *c)
+            .await
+            .ok();
+            if flush == Some(0) {
+                tracing::warn!(
+                    server = %label,
+                    "innodb_flush_log_at_trx_commit is 0: a server crash forgets up to a \
+                     second of acknowledged grants and token raises, so a lock can go to \
+                     two holders; set it to 1 (or 2, which survives a server crash but not \
+                     the machine's)"
+                );
+            }
         }
         let wakeups = Arc::new(Wakeups::default());
         let bell = Arc::new(AtomicI64::new(0));

@@ -114,9 +114,15 @@ impl PgAdvisory {
         if let Some(c) = self.idle.take() {
             return Ok(c);
         }
-        PgConnection::connect_with(&self.opts)
+        let mut c = PgConnection::connect_with(&self.opts)
             .await
-            .map_err(|e| self.db(e))
+            .map_err(|e| self.db(e))?;
+        // Tokens are raised over this session: they must survive a crash.
+        sqlx::query(super::postgres::DURABLE_COMMITS)
+            .execute(&mut c)
+            .await
+            .map_err(|e| self.db(e))?;
+        Ok(c)
     }
 
     /// A transaction-pooling proxy gives each statement whichever server

@@ -119,6 +119,14 @@ const HAS_TABLES: &str = "SELECT to_regclass('fenced_locks') IS NOT NULL
     AND to_regclass('fenced_registers') IS NOT NULL";
 
 /// The `NOTIFY` channel.
+/// Run on every connection fenced opens. A server (or database, or role)
+/// set to `synchronous_commit = off` acknowledges a commit before writing
+/// it, and a crash then forgets the last grants and token raises: the lock
+/// goes to a second holder and tokens repeat. Only `off` is raised; the
+/// stronger settings that wait for standbys are kept.
+pub(crate) const DURABLE_COMMITS: &str = "SELECT set_config('synchronous_commit', 'on', false)
+    WHERE current_setting('synchronous_commit') = 'off'";
+
 const CHANNEL: &str = "fenced_wake";
 /// Serialises schema creation between processes.
 const SCHEMA_LOCK: i64 = 0x6665_6e63_6564; // "fenced"
@@ -264,6 +272,9 @@ impl PgBackend {
         let pool = PgPoolOptions::new()
             .max_connections(pool_size)
             .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|c, _| {
+                Box::pin(async move { sqlx::query(DURABLE_COMMITS).execute(c).await.map(drop) })
+            })
             .connect_with(opts.clone())
             .await
             .map_err(|e| db(&label, e))?;
