@@ -201,3 +201,53 @@ async fn a_server_that_forgets_commits_is_reported() {
         "no warning: {warned}"
     );
 }
+
+/// The one-round-trip grant is a function fenced creates with its tables.
+/// A client whose function was dropped under it and a role that may not
+/// create it still acquire (by the full transaction) and stay exclusive;
+/// a role that did not create it uses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_grant_function_acquires_take_the_transaction() {
+    let server = MariaDb::start();
+    let exists = || {
+        server.sql(
+            "SELECT COUNT(*) FROM information_schema.ROUTINES \
+             WHERE ROUTINE_SCHEMA = 'mysql' AND ROUTINE_NAME = 'fenced_try_grant'",
+        )
+    };
+    let first = Client::connect(&server.url()).await.unwrap();
+    assert_eq!(exists(), "1", "created with the tables");
+    server.sql("DROP FUNCTION fenced_try_grant");
+    let name = unique("nofunction");
+    let g = first.mutex(&name).unwrap().acquire().await.unwrap();
+    let token = g.fencing_token();
+    assert!(g.release().await.unwrap());
+    let g = first.mutex(&name).unwrap().acquire().await.unwrap();
+    assert!(g.fencing_token() > token);
+    assert!(g.release().await.unwrap());
+
+    // Made again by an administrator's client. `app` may use the tables
+    // and create routines, so its `CREATE FUNCTION IF NOT EXISTS` passes
+    // and it grants through the administrator's function.
+    drop(Client::connect(&server.url()).await.unwrap());
+    assert_eq!(exists(), "1");
+    server.sql(
+        "CREATE USER 'app'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON mysql.fenced_locks TO 'app'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON mysql.fenced_holds TO 'app'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON mysql.fenced_waiters TO 'app'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON mysql.fenced_registers TO 'app'@'127.0.0.1'; \
+         GRANT CREATE ROUTINE ON mysql.* TO 'app'@'127.0.0.1'",
+    );
+    let app_url = server.url().replace("mysql://root@", "mysql://app@");
+    let fx = fenced_testkit::Fixture::new(app_url.clone(), None, Vec::new());
+    fenced_testkit::conformance::mutual_exclusion_tasks(&fx).await;
+    assert_eq!(exists(), "1");
+    // Now it may not create one either.
+    server.sql(
+        "REVOKE CREATE ROUTINE ON mysql.* FROM 'app'@'127.0.0.1'; \
+         DROP FUNCTION fenced_try_grant",
+    );
+    fenced_testkit::conformance::mutual_exclusion_tasks(&fx).await;
+    assert_eq!(exists(), "0", "the role could not create it");
+}

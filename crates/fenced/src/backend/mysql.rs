@@ -42,7 +42,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{Connection, MySqlConnection, Row};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 /// The tables (also in the README).
@@ -76,6 +76,36 @@ pub(crate) const SCHEMA: &[&str] = &[
         fence BIGINT NOT NULL
     ) ENGINE = InnoDB",
 ];
+
+/// A free lock's grant in one round trip: `SELECT fenced_try_grant(…)`
+/// runs as one statement, so in one transaction (autocommit). It does what
+/// [`MySqlBackend::attempt_tx`] does for an unfair, unqueued acquire of a
+/// name without holds, and returns NULL, leaving the decision to that
+/// transaction, when any hold row exists. The reads are locking reads, so
+/// they see the latest commits whatever the isolation level.
+const TRY_GRANT_DDL: &str = "CREATE FUNCTION IF NOT EXISTS fenced_try_grant(
+    p_name VARBINARY(512), p_hold VARCHAR(64) CHARACTER SET ascii,
+    p_owner VARCHAR(1024) CHARACTER SET utf8mb4, p_mode SMALLINT, p_take INT, p_max INT,
+    p_ms BIGINT) RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA
+BEGIN
+    DECLARE v_last, v_us, v_now, v_token BIGINT;
+    DECLARE v_holds INT;
+    INSERT INTO fenced_locks (name) VALUES (p_name) ON DUPLICATE KEY UPDATE token = token;
+    SELECT token, CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED),
+        CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)
+        INTO v_last, v_us, v_now FROM fenced_locks WHERE name = p_name FOR UPDATE;
+    SELECT COUNT(*) INTO v_holds FROM fenced_holds WHERE name = p_name FOR UPDATE;
+    IF v_holds > 0 THEN
+        RETURN NULL;
+    END IF;
+    SET v_token = GREATEST(v_last + 1, v_us);
+    UPDATE fenced_locks SET token = v_token WHERE name = p_name;
+    INSERT INTO fenced_holds (hold_id, name, owner, `mode`, take, `max`, token, expires_ms)
+        VALUES (p_hold, p_name, p_owner, p_mode, p_take, p_max, v_token, v_now + p_ms);
+    RETURN v_token;
+END";
+
+const TRY_GRANT: &str = "SELECT fenced_try_grant(?, ?, ?, ?, ?, ?, ?)";
 
 const NOW_MS: &str = "CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)";
 
@@ -137,6 +167,8 @@ pub(crate) struct MySqlBackend {
     bell: Arc<AtomicI64>,
     /// None in advisory mode, whose waiters the server itself wakes.
     doorbell: Option<tokio::task::JoinHandle<()>>,
+    /// Whether `fenced_try_grant` exists (see [`TRY_GRANT_DDL`]).
+    fast: AtomicBool,
 }
 
 impl Drop for MySqlBackend {
@@ -228,6 +260,7 @@ impl MySqlBackend {
             .connect_with(opts.clone())
             .await
             .map_err(|e| db(&label, e))?;
+        let fast;
         {
             let mut c = pool.acquire().await.map_err(|e| db(&label, e))?;
             sqlx::query("SELECT GET_LOCK('fenced_schema', 30)")
@@ -242,6 +275,19 @@ impl MySqlBackend {
                     return Err(db(&label, e));
                 }
             }
+            // CREATE FUNCTION is not a preparable statement: text protocol.
+            fast = match sqlx::raw_sql(TRY_GRANT_DDL).execute(&mut *c).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(
+                        server = %label,
+                        error = %e,
+                        "cannot create the function fenced_try_grant: every acquire takes \
+                         the full transaction"
+                    );
+                    false
+                }
+            };
             sqlx::query("SELECT RELEASE_LOCK('fenced_schema')")
                 .execute(&mut *c)
                 .await
@@ -289,6 +335,7 @@ impl MySqlBackend {
             wakeups,
             bell,
             doorbell,
+            fast: fast.into(),
         })
     }
 
@@ -329,6 +376,21 @@ impl MySqlBackend {
     }
 
     async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
+        let fast = &self.fast;
+        if !req.fair && req.ticket.is_none() && fast.load(Ordering::Relaxed) {
+            match self.attempt_fast(req).await {
+                Ok(Some(o)) => return Ok(o),
+                Ok(None) => {}
+                Err(e) if is_conflict(&e) => {}
+                // Dropped since we opened, or made by a role that did not
+                // grant us EXECUTE (ER_SP_DOES_NOT_EXIST,
+                // ER_PROCACCESS_DENIED_ERROR): go on without it.
+                Err(e) if matches!(error_number(&e), Some(1305 | 1370)) => {
+                    fast.store(false, Ordering::Relaxed)
+                }
+                Err(e) => return Err(self.db(e)),
+            }
+        }
         let mut tries = 0;
         loop {
             match self.attempt_tx(req).await {
@@ -342,6 +404,26 @@ impl MySqlBackend {
                 }
             }
         }
+    }
+
+    /// [`TRY_GRANT`]: a grant in one round trip, or `None` when the full
+    /// transaction must decide.
+    async fn attempt_fast(
+        &self,
+        req: &Attempt,
+    ) -> std::result::Result<Option<Outcome>, sqlx::Error> {
+        let (take, max) = req.mode.permits();
+        let token: Option<i64> = sqlx::query_scalar(TRY_GRANT)
+            .bind(req.name.as_str())
+            .bind(&req.hold_id)
+            .bind(&req.owner_key)
+            .bind(req.mode.code() as i16)
+            .bind(take as i32)
+            .bind(max as i32)
+            .bind(ms(req.lease))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(token.map(|t| Outcome::Granted { token: t as u64 }))
     }
 
     async fn attempt_tx(&self, req: &Attempt) -> std::result::Result<(Outcome, bool), sqlx::Error> {
@@ -619,6 +701,13 @@ fn is_conflict(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|d| d.code())
         .is_some_and(|c| c == "40001" || c == "HY000" && e.to_string().contains("try restarting"))
+}
+
+/// The server's own error number (`ER_…`), where the error came from it.
+fn error_number(e: &sqlx::Error) -> Option<u16> {
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .map(|d| d.number())
 }
 
 /// Maps a driver error to fenced's kinds.
