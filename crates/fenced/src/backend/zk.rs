@@ -384,13 +384,47 @@ impl Inner {
             .map(|o| o.owner.clone())
     }
 
-    /// Creates the node of `own` (and the lock's container if missing),
-    /// finding it again by its protected id if a reply was lost.
-    async fn create(&self, z: &zk::Client, dir: &str, own: &OwnNode, req: &Attempt) -> Result<()> {
+    /// Creates the node of `own` and lists the lock's children in one round
+    /// trip: the client sends both requests at once (it orders requests
+    /// when their futures are made, not when polled), and ZooKeeper answers
+    /// a session's requests in order, so the listing includes the new node.
+    /// Curator's recipe waits for the create before it lists. The listing is
+    /// `None` when the create needed another try (then list again).
+    async fn create_and_list(
+        &self,
+        z: &zk::Client,
+        dir: &str,
+        own: &OwnNode,
+        req: &Attempt,
+    ) -> Result<Option<Vec<String>>> {
         let prefix = format!("{dir}/{}{}", own.protect, marker(req.mode, req.rw));
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let created = z.create(&prefix, b"", &opts);
+        let listed = z.list_children(dir);
+        let (created, listed) = tokio::join!(created, listed);
+        let first_went_through = created.is_ok();
+        self.create(z, &prefix, own, Some(created)).await?;
+        Ok(listed.ok().filter(|_| first_went_through))
+    }
+
+    /// Creates the node of `own` under `prefix` (and the lock's container if
+    /// missing), finding it again by its protected id if a reply was lost;
+    /// `first` is the reply to a create already sent.
+    async fn create(
+        &self,
+        z: &zk::Client,
+        prefix: &str,
+        own: &OwnNode,
+        mut first: Option<std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>>,
+    ) -> Result<()> {
+        let dir = prefix.rsplit_once('/').map_or(prefix, |(d, _)| d);
+        let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         for _ in 0..10 {
-            match z.create(&prefix, b"", &opts).await {
+            let created = match first.take() {
+                Some(r) => r,
+                None => z.create(prefix, b"", &opts).await,
+            };
+            match created {
                 Ok((stat, seq)) => {
                     let full = format!("{prefix}{seq}");
                     let child = full.rsplit('/').next().unwrap_or_default().to_owned();
@@ -435,14 +469,19 @@ impl Inner {
         let dir = Self::path_of(&req.name)?;
         let z = self.client();
         let own = self.own_node(req);
-        if lock(&own.child).is_none() {
-            self.create(&z, &dir, &own, req).await?;
-        }
+        let listed = if lock(&own.child).is_none() {
+            self.create_and_list(&z, &dir, &own, req).await?
+        } else {
+            None
+        };
         let mine = lock(&own.child).clone().unwrap_or_default();
-        let children = match z.list_children(&dir).await {
-            Ok(c) => c,
-            Err(zk::Error::NoNode) => Vec::new(),
-            Err(e) => return Err(self.err(e)),
+        let children = match listed {
+            Some(c) => c,
+            None => match z.list_children(&dir).await {
+                Ok(c) => c,
+                Err(zk::Error::NoNode) => Vec::new(),
+                Err(e) => return Err(self.err(e)),
+            },
         };
         let q = queue(children);
         let Some(me) = q.iter().position(|(c, _)| *c == mine) else {
