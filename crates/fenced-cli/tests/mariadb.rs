@@ -218,13 +218,7 @@ async fn without_the_grant_function_acquires_take_the_transaction() {
     let first = Client::connect(&server.url()).await.unwrap();
     assert_eq!(exists(), "1", "created with the tables");
     server.sql("DROP FUNCTION fenced_try_grant");
-    let name = unique("nofunction");
-    let g = first.mutex(&name).unwrap().acquire().await.unwrap();
-    let token = g.fencing_token();
-    assert!(g.release().await.unwrap());
-    let g = first.mutex(&name).unwrap().acquire().await.unwrap();
-    assert!(g.fencing_token() > token);
-    assert!(g.release().await.unwrap());
+    fenced_testkit::two_holds_in_turn(&first, "nofunction").await;
 
     // Made again by an administrator's client. `app` may use the tables
     // and create routines, so its `CREATE FUNCTION IF NOT EXISTS` passes

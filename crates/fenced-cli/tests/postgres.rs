@@ -31,6 +31,15 @@ fn psql(server: &PgServer, sql: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// Once the restarted server answers, `b` finds `name` held (`why` if not).
+async fn still_held_after_restart(t: &Timing, b: &Client, name: &str, why: &str) {
+    let lock_b = b.mutex(name).unwrap();
+    let other = t
+        .until_available("the restarted server answers", || lock_b.try_acquire())
+        .await;
+    assert!(other.is_none(), "{why}");
+}
+
 /// A lease-table hold belongs to no connection: killing every connection
 /// of the holder, or restarting the server for less than a lease, keeps it
 /// (the pool reconnects and renewals go on), and nobody else gets in.
@@ -65,14 +74,13 @@ async fn holds_survive_killed_connections_and_a_restart() {
     }
     server.restart();
     tokio::time::sleep(t.ms(1000)).await;
-    let lock_b = b.mutex(&name).unwrap();
-    let other = t
-        .until_available("the restarted server answers", || lock_b.try_acquire())
-        .await;
-    assert!(
-        other.is_none(),
-        "the hold is in the table and survives a restart"
-    );
+    still_held_after_restart(
+        &t,
+        &b,
+        &name,
+        "the hold is in the table and survives a restart",
+    )
+    .await;
     assert!(g.is_held());
     assert!(g.release().await.unwrap());
 }
@@ -211,13 +219,7 @@ async fn without_the_grant_function_acquires_take_the_transaction() {
     };
     assert_eq!(exists(), "t", "created with the tables");
     psql(&server, &format!("DROP FUNCTION {FUNCTION}"));
-    let name = unique("nofunction");
-    let g = first.mutex(&name).unwrap().acquire().await.unwrap();
-    let token = g.fencing_token();
-    assert!(g.release().await.unwrap());
-    let g = first.mutex(&name).unwrap().acquire().await.unwrap();
-    assert!(g.fencing_token() > token);
-    assert!(g.release().await.unwrap());
+    fenced_testkit::two_holds_in_turn(&first, "nofunction").await;
 
     psql(
         &server,
@@ -285,14 +287,13 @@ async fn grants_survive_a_crash_under_asynchronous_commit() {
     server.kill();
     drop(adv_guard);
     server.restart();
-    let lock_b = b.mutex(&name).unwrap();
-    let other = t
-        .until_available("the restarted server answers", || lock_b.try_acquire())
-        .await;
-    assert!(
-        other.is_none(),
-        "the grant acknowledged before the crash was forgotten"
-    );
+    still_held_after_restart(
+        &t,
+        &b,
+        &name,
+        "the grant acknowledged before the crash was forgotten",
+    )
+    .await;
     let adv_lock = adv.mutex(&adv_name).unwrap();
     let again = t
         .until_available("the advisory client reconnects", || adv_lock.try_acquire())

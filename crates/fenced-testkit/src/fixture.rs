@@ -43,6 +43,22 @@ pub async fn one_holds(
     (a, b, name, g)
 }
 
+/// Takes and releases a fresh name (`prefix`) twice through `c`: both
+/// releases find their hold, and the second token is above the first.
+pub async fn two_holds_in_turn(c: &fenced::Client, prefix: &str) {
+    let name = unique(prefix);
+    let g = c.mutex(&name).unwrap().acquire().await.unwrap();
+    let token = g.fencing_token();
+    assert!(g.release().await.unwrap());
+    let g = c.mutex(&name).unwrap().acquire().await.unwrap();
+    assert!(
+        g.fencing_token() > token,
+        "{} after {token}",
+        g.fencing_token()
+    );
+    assert!(g.release().await.unwrap());
+}
+
 impl Fixture {
     /// A fresh `memory://` namespace.
     pub fn memory() -> Self {

@@ -14,7 +14,7 @@ pub mod servers;
 mod timing;
 pub mod torture;
 
-pub use fixture::{Fixture, one_holds, unique};
+pub use fixture::{Fixture, one_holds, two_holds_in_turn, unique};
 pub use timing::Timing;
 
 /// Instantiates the conformance suite for one backend: every lock-contract

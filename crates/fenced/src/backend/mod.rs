@@ -111,6 +111,38 @@ impl<T> IdleSessions<T> {
     }
 }
 
+/// The SQL lease tables' one-round-trip grant (`fenced_try_grant`, a
+/// function each backend creates with its tables): tried first for an
+/// unfair, unqueued acquire while the function is usable. `Ok(None)` leaves
+/// the decision to the full transaction: the lock has holds, the call met a
+/// conflict, or the function is `gone` (dropped, or not ours to run), which
+/// also stops later tries.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn try_fast_grant<F>(
+    usable: &std::sync::atomic::AtomicBool,
+    req: &Attempt,
+    call: F,
+    conflict: impl Fn(&sqlx::Error) -> bool,
+    gone: impl Fn(&sqlx::Error) -> bool,
+) -> std::result::Result<Option<Outcome>, sqlx::Error>
+where
+    F: std::future::Future<Output = std::result::Result<Option<i64>, sqlx::Error>>,
+{
+    use std::sync::atomic::Ordering;
+    if req.fair || req.ticket.is_some() || !usable.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    match call.await {
+        Ok(token) => Ok(token.map(|t| Outcome::Granted { token: t as u64 })),
+        Err(e) if conflict(&e) => Ok(None),
+        Err(e) if gone(&e) => {
+            usable.store(false, Ordering::Relaxed);
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// A backend's own election layout's answer: `None` when it has none,
 /// `Some(None)` when nobody leads, else the leader's value and token.
 pub(crate) type NativeLeader = Option<Option<(Vec<u8>, u64)>>;

@@ -376,20 +376,13 @@ impl MySqlBackend {
     }
 
     async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
-        let fast = &self.fast;
-        if !req.fair && req.ticket.is_none() && fast.load(Ordering::Relaxed) {
-            match self.attempt_fast(req).await {
-                Ok(Some(o)) => return Ok(o),
-                Ok(None) => {}
-                Err(e) if is_conflict(&e) => {}
-                // Dropped since we opened, or made by a role that did not
-                // grant us EXECUTE (ER_SP_DOES_NOT_EXIST,
-                // ER_PROCACCESS_DENIED_ERROR): go on without it.
-                Err(e) if matches!(error_number(&e), Some(1305 | 1370)) => {
-                    fast.store(false, Ordering::Relaxed)
-                }
-                Err(e) => return Err(self.db(e)),
-            }
+        // Dropped since we opened, or made by a role that did not grant us
+        // EXECUTE (ER_SP_DOES_NOT_EXIST, ER_PROCACCESS_DENIED_ERROR).
+        let gone = |e: &sqlx::Error| matches!(error_number(e), Some(1305 | 1370));
+        let fast =
+            super::try_fast_grant(&self.fast, req, self.call_try_grant(req), is_conflict, gone);
+        if let Some(o) = fast.await.map_err(|e| self.db(e))? {
+            return Ok(o);
         }
         let mut tries = 0;
         loop {
@@ -406,14 +399,11 @@ impl MySqlBackend {
         }
     }
 
-    /// [`TRY_GRANT`]: a grant in one round trip, or `None` when the full
-    /// transaction must decide.
-    async fn attempt_fast(
-        &self,
-        req: &Attempt,
-    ) -> std::result::Result<Option<Outcome>, sqlx::Error> {
+    /// [`TRY_GRANT`]: the token of a grant in one round trip, or `None`
+    /// when the full transaction must decide.
+    async fn call_try_grant(&self, req: &Attempt) -> std::result::Result<Option<i64>, sqlx::Error> {
         let (take, max) = req.mode.permits();
-        let token: Option<i64> = sqlx::query_scalar(TRY_GRANT)
+        sqlx::query_scalar(TRY_GRANT)
             .bind(req.name.as_str())
             .bind(&req.hold_id)
             .bind(&req.owner_key)
@@ -422,8 +412,7 @@ impl MySqlBackend {
             .bind(max as i32)
             .bind(ms(req.lease))
             .fetch_one(&self.pool)
-            .await?;
-        Ok(token.map(|t| Outcome::Granted { token: t as u64 }))
+            .await
     }
 
     async fn attempt_tx(&self, req: &Attempt) -> std::result::Result<(Outcome, bool), sqlx::Error> {

@@ -38,7 +38,6 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow}
 use sqlx::{Connection, PgConnection, Row};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// The tables (also in the README).
@@ -378,16 +377,12 @@ impl PgBackend {
 
     /// One attempt, retried when the server aborts it for a conflict.
     async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
-        let fast = &self.fast;
-        if !req.fair && req.ticket.is_none() && fast.load(Ordering::Relaxed) {
-            match self.attempt_fast(req).await {
-                Ok(Some(o)) => return Ok(o),
-                Ok(None) => {}
-                Err(e) if is_conflict(&e) => {}
-                // Dropped since we opened: go on without it.
-                Err(e) if has_state(&e, &["42883"]) => fast.store(false, Ordering::Relaxed),
-                Err(e) => return Err(self.db(e)),
-            }
+        // Dropped since we opened: go on without it.
+        let gone = |e: &sqlx::Error| has_state(e, &["42883"]);
+        let fast =
+            super::try_fast_grant(&self.fast, req, self.call_try_grant(req), is_conflict, gone);
+        if let Some(o) = fast.await.map_err(|e| self.db(e))? {
+            return Ok(o);
         }
         let mut tries = 0;
         loop {
@@ -399,18 +394,15 @@ impl PgBackend {
         }
     }
 
-    /// [`TRY_GRANT`]: a grant in one round trip, or `None` when the full
-    /// transaction must decide. A busy lock so costs one round trip more
-    /// than before; answering "busy" here instead measured slower on S2
-    /// (397–430 against 463–475 acquisitions/s in alternating runs; why, I
-    /// have not found), and S2 with this version is unchanged (436–514
-    /// against 456–535/s).
-    async fn attempt_fast(
-        &self,
-        req: &Attempt,
-    ) -> std::result::Result<Option<Outcome>, sqlx::Error> {
+    /// [`TRY_GRANT`]: the token of a grant in one round trip, or `None`
+    /// when the full transaction must decide. A busy lock so costs one
+    /// round trip more than before; answering "busy" here instead measured
+    /// slower on S2 (397–430 against 463–475 acquisitions/s in alternating
+    /// runs; why, I have not found), and S2 with this version is unchanged
+    /// (436–514 against 456–535/s).
+    async fn call_try_grant(&self, req: &Attempt) -> std::result::Result<Option<i64>, sqlx::Error> {
         let (take, max) = req.mode.permits();
-        let token: Option<i64> = sqlx::query_scalar(TRY_GRANT)
+        sqlx::query_scalar(TRY_GRANT)
             .bind(req.name.as_str())
             .bind(&req.hold_id)
             .bind(&req.owner_key)
@@ -419,8 +411,7 @@ impl PgBackend {
             .bind(max as i32)
             .bind(ms(req.lease) as f64)
             .fetch_one(&self.pool)
-            .await?;
-        Ok(token.map(|t| Outcome::Granted { token: t as u64 }))
+            .await
     }
 
     async fn attempt_tx(&self, req: &Attempt) -> std::result::Result<Outcome, sqlx::Error> {
