@@ -234,7 +234,7 @@ async fn without_the_grant_function_acquires_take_the_transaction() {
          GRANT CREATE ROUTINE ON mysql.* TO 'app'@'127.0.0.1'",
     );
     let app_url = server.url().replace("mysql://root@", "mysql://app@");
-    let fx = fenced_testkit::Fixture::new(app_url.clone(), None, Vec::new());
+    let fx = fenced_testkit::Fixture::new(app_url, None, Vec::new());
     fenced_testkit::conformance::mutual_exclusion_tasks(&fx).await;
     assert_eq!(exists(), "1");
     // Now it may not create one either.

@@ -117,7 +117,6 @@ const HAS_TABLES: &str = "SELECT to_regclass('fenced_locks') IS NOT NULL
     AND to_regclass('fenced_waiters') IS NOT NULL
     AND to_regclass('fenced_registers') IS NOT NULL";
 
-/// The `NOTIFY` channel.
 /// Run on every connection fenced opens. A server (or database, or role)
 /// set to `synchronous_commit = off` acknowledges a commit before writing
 /// it, and a crash then forgets the last grants and token raises: the lock
@@ -126,6 +125,7 @@ const HAS_TABLES: &str = "SELECT to_regclass('fenced_locks') IS NOT NULL
 pub(crate) const DURABLE_COMMITS: &str = "SELECT set_config('synchronous_commit', 'on', false)
     WHERE current_setting('synchronous_commit') = 'off'";
 
+/// The `NOTIFY` channel.
 const CHANNEL: &str = "fenced_wake";
 /// Serialises schema creation between processes.
 const SCHEMA_LOCK: i64 = 0x6665_6e63_6564; // "fenced"

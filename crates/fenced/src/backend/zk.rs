@@ -403,26 +403,27 @@ impl Inner {
         let listed = z.list_children(dir);
         let (created, listed) = tokio::join!(created, listed);
         let first_went_through = created.is_ok();
-        self.create(z, &prefix, own, Some(created)).await?;
+        self.create(z, dir, &prefix, &opts, own, created).await?;
         Ok(listed.ok().filter(|_| first_went_through))
     }
 
-    /// Creates the node of `own` under `prefix` (and the lock's container if
-    /// missing), finding it again by its protected id if a reply was lost;
-    /// `first` is the reply to a create already sent.
+    /// Creates the node of `own` as `prefix` (and the lock's container
+    /// `dir` if missing), finding it again by its protected id if a reply
+    /// was lost; `first` is the reply to the create already sent.
     async fn create(
         &self,
         z: &zk::Client,
+        dir: &str,
         prefix: &str,
+        opts: &zk::CreateOptions<'_>,
         own: &OwnNode,
-        mut first: Option<std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>>,
+        first: std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>,
     ) -> Result<()> {
-        let dir = prefix.rsplit_once('/').map_or(prefix, |(d, _)| d);
-        let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let mut first = Some(first);
         for _ in 0..10 {
             let created = match first.take() {
                 Some(r) => r,
-                None => z.create(prefix, b"", &opts).await,
+                None => z.create(prefix, b"", opts).await,
             };
             match created {
                 Ok((stat, seq)) => {
