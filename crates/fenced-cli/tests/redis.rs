@@ -157,7 +157,9 @@ async fn a_release_wakes_the_queue_head_on_its_own_channel() {
         Client::connect(&server.url()).await.unwrap(),
     );
     let name = unique("head");
-    let field = format!("{}:{}", waiter.id(), waiter.owner().id());
+    // The owner named, so that the test knows its field.
+    let me = fenced::Owner::new();
+    let field = format!("{}:{}", waiter.id(), me.id());
     let channel = format!("redisson_lock__channel:{{{name}}}");
     let mut sub = raw_connection(&server);
     let mut pubsub = sub.as_pubsub();
@@ -165,7 +167,7 @@ async fn a_release_wakes_the_queue_head_on_its_own_channel() {
     pubsub.set_read_timeout(Some(t.eventually())).unwrap();
 
     let g = holder.mutex(&name).unwrap().acquire().await.unwrap();
-    let lock = waiter.mutex(&name).unwrap();
+    let lock = waiter.mutex(&name).unwrap().owner(&me);
     let w = tokio::spawn(async move {
         let g = lock.acquire().await.unwrap();
         let token = g.fencing_token();
@@ -217,7 +219,9 @@ async fn redisson_layout_on_the_wire() {
     let server = RedisServer::start();
     let c = Client::connect(&server.url()).await.unwrap();
     let name = unique("rsn");
-    let field = format!("{}:{}", c.id(), c.owner().id());
+    // The owner named, so that the test knows its field.
+    let me = fenced::Owner::new();
+    let field = format!("{}:{}", c.id(), me.id());
     let mut con = raw_connection(&server);
     let redisson_lock = redis::Script::new(
         "if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then \
@@ -236,7 +240,7 @@ async fn redisson_layout_on_the_wire() {
     let mut pubsub = sub.as_pubsub();
     pubsub.subscribe(&channel).unwrap();
     pubsub.set_read_timeout(Some(t.eventually())).unwrap();
-    let g = c.mutex(&name).unwrap().acquire().await.unwrap();
+    let g = c.mutex(&name).unwrap().owner(&me).acquire().await.unwrap();
     let count: Option<i64> = redis::cmd("HGET")
         .arg(&name)
         .arg(&field)

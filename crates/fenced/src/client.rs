@@ -10,7 +10,6 @@ use crate::fence::FencedRegister;
 use crate::lock::{Lock, RwLock};
 use crate::name::LockName;
 use crate::options::MAX_PERMITS;
-use crate::owner::Owner;
 use crate::retry::RetryPolicy;
 use crate::striped::StripedLock;
 use std::fmt;
@@ -40,8 +39,9 @@ pub struct Client {
 pub(crate) struct ClientInner {
     pub(crate) id: String,
     pub(crate) url: String,
+    /// The backend's canonical identity (see `Backend::identity`).
+    pub(crate) identity: String,
     pub(crate) backend: Arc<dyn Backend>,
-    pub(crate) owner: Owner,
     pub(crate) holds: HoldTable,
     pub(crate) watchdog: Arc<Watchdog>,
     worker: mpsc::UnboundedSender<Job>,
@@ -80,9 +80,9 @@ impl Client {
             inner: Arc::new(ClientInner {
                 id: uuid::Uuid::new_v4().simple().to_string(),
                 url,
+                identity: backend.identity(),
                 watchdog: Watchdog::new(backend.clone()),
                 backend,
-                owner: Owner::new(),
                 holds: HoldTable::default(),
                 worker,
             }),
@@ -100,12 +100,9 @@ impl Client {
         &self.inner.url
     }
 
-    /// The owner used by locks that are not given one.
-    pub fn owner(&self) -> &Owner {
-        &self.inner.owner
-    }
-
-    /// A mutex: one owner at a time, reentrant per owner.
+    /// A mutex: one holder at a time. Every acquisition is its own owner,
+    /// so tasks that share this client exclude each other; name an
+    /// [`Owner`](crate::Owner) for reentrancy.
     pub fn mutex(&self, name: &str) -> Result<Lock> {
         Ok(Lock::new(
             self.clone(),
@@ -163,19 +160,32 @@ impl Client {
     /// What the backend knows of the lock `name`: holders, waiters, last token.
     pub async fn status(&self, name: &str) -> Result<LockStatus> {
         let name = LockName::new(name)?;
-        self.inner.backend.status(&name).await
+        self.inner.read(|b| b.status(&name)).await
     }
 
     /// Waits for the releases already queued (by dropped guards) to finish,
     /// then lets go of the backend's connections. Release or drop guards
     /// first: a guard still alive after `close` keeps its hold until its
     /// lease runs out.
+    ///
+    /// Bounded in time whatever the backend does: the releases get two
+    /// request timeouts (the URL's `timeout=`, 5 s by default) to finish,
+    /// closing the connections one more; what is left then is left to the
+    /// leases.
     pub async fn close(&self) {
+        let limit = self.inner.backend.request_timeout();
         let (tx, rx) = oneshot::channel();
-        if self.inner.worker.send(Job::Flush(tx)).is_ok() {
-            let _ = rx.await;
+        if self.inner.worker.send(Job::Flush(tx)).is_ok()
+            && tokio::time::timeout(limit * 2, rx).await.is_err()
+        {
+            tracing::warn!("releases still pending at close; their leases will free the locks");
         }
-        self.inner.backend.close().await;
+        if tokio::time::timeout(limit, self.inner.backend.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the backend's connections did not close in time");
+        }
     }
 }
 
@@ -204,8 +214,40 @@ impl Drop for PendingRelease<'_> {
 }
 
 impl ClientInner {
-    pub(crate) fn owner_key(&self, owner: &Owner) -> String {
+    pub(crate) fn owner_key(&self, owner: &crate::Owner) -> String {
         format!("{}:{}", self.id, owner.id())
+    }
+
+    /// A read (`status`, a register, the leader): bounded by the request
+    /// timeout, and tried again on a transient error (a connection that
+    /// died in the pool, a failover) within that time.
+    pub(crate) async fn read<'a, T: Send + 'a>(
+        &'a self,
+        mut f: impl FnMut(&'a dyn Backend) -> crate::backend::BoxFuture<'a, Result<T>>,
+    ) -> Result<T> {
+        let limit = self.backend.request_timeout();
+        let scheme = self.backend.scheme();
+        let until = tokio::time::Instant::now() + limit;
+        let backend = &*self.backend;
+        crate::core::acquire::with_retry(&RetryPolicy::default(), Some(until), || {
+            crate::core::acquire::bounded(limit, scheme, f(backend))
+        })
+        .await
+    }
+
+    /// A change (a register write, a force unlock): bounded by the request
+    /// timeout, tried once (a retry after a lost reply could apply it twice).
+    pub(crate) async fn write<'a, T: Send + 'a>(
+        &'a self,
+        f: crate::backend::BoxFuture<'a, Result<T>>,
+    ) -> Result<T> {
+        let limit = self.backend.request_timeout();
+        crate::core::acquire::bounded(limit, self.backend.scheme(), f).await
+    }
+
+    /// Where background jobs go.
+    pub(crate) fn worker(&self) -> mpsc::UnboundedSender<Job> {
+        self.worker.clone()
     }
 
     pub(crate) fn send(&self, job: Job) {
@@ -238,8 +280,10 @@ impl ClientInner {
         // the hold to the background worker (and, at worst, its lease).
         // Past the lease the release is moot, so retries stop there.
         let until = Some(hold.state().deadline);
+        let limit = self.backend.request_timeout();
+        let scheme = self.backend.scheme();
         let was_ours = crate::core::acquire::with_retry(&RetryPolicy::default(), until, || {
-            self.backend.release(&hold.r)
+            crate::core::acquire::bounded(limit, scheme, self.backend.release(&hold.r))
         })
         .await?;
         pending.hold = None;

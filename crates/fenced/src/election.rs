@@ -90,8 +90,8 @@ impl Election {
     /// The current leader, if one leads and has proclaimed its value
     /// (between a new leader's grant and its proclamation there is none).
     pub async fn leader(&self) -> Result<Option<Leader>> {
-        let backend = &self.lock.client.inner.backend;
-        if let Some(native) = backend.leader(&self.lock.name).await? {
+        let inner = &self.lock.client.inner;
+        if let Some(native) = inner.read(|b| b.leader(&self.lock.name)).await? {
             return Ok(native.map(|(value, token)| Leader { value, token }));
         }
         let status = self.lock.status().await?;
@@ -122,9 +122,12 @@ impl Leadership {
     /// (refused with `StaleToken` if a newer leader has proclaimed).
     pub async fn proclaim(&self, value: impl AsRef<[u8]>) -> Result<()> {
         let g = &self.guard;
-        let native = g
-            .backend()
-            .proclaim(g.hold_ref(), g.fencing_token(), value.as_ref())
+        let c = g.client();
+        let native = c
+            .write(
+                c.backend
+                    .proclaim(g.hold_ref(), g.fencing_token(), value.as_ref()),
+            )
             .await?;
         match native {
             None => self.value.write(g, value).await,

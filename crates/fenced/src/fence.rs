@@ -52,7 +52,10 @@ impl FencedRegister {
 
     /// The value and the highest fence seen, or `None` if never written.
     pub async fn read(&self) -> Result<Option<(Vec<u8>, u64)>> {
-        self.client.inner.backend.register_read(&self.name).await
+        self.client
+            .inner
+            .read(|b| b.register_read(&self.name))
+            .await
     }
 
     /// The value as a decimal integer.
@@ -77,11 +80,13 @@ impl FencedRegister {
     /// # Errors
     /// [`StaleToken`](ErrorKind::StaleToken) if a higher token has written before.
     pub async fn write_with_token(&self, token: u64, value: impl AsRef<[u8]>) -> Result<()> {
-        let accepted = self
-            .client
-            .inner
-            .backend
-            .register_write(&self.name, Some(token), value.as_ref())
+        let inner = &self.client.inner;
+        let accepted = inner
+            .write(
+                inner
+                    .backend
+                    .register_write(&self.name, Some(token), value.as_ref()),
+            )
             .await?;
         if accepted {
             Ok(())
@@ -99,10 +104,13 @@ impl FencedRegister {
     /// Writes with no fence check (to seed the value, or to show what goes
     /// wrong without a lock). The highest fence seen is kept.
     pub async fn write_unfenced(&self, value: impl AsRef<[u8]>) -> Result<()> {
-        self.client
-            .inner
-            .backend
-            .register_write(&self.name, None, value.as_ref())
+        let inner = &self.client.inner;
+        inner
+            .write(
+                inner
+                    .backend
+                    .register_write(&self.name, None, value.as_ref()),
+            )
             .await
             .map(|_| ())
     }
@@ -117,10 +125,9 @@ impl FencedRegister {
                 "cannot decrement by a negative amount ({by})"
             )));
         }
-        self.client
-            .inner
-            .backend
-            .register_decrement(&self.name, by)
+        let inner = &self.client.inner;
+        inner
+            .write(inner.backend.register_decrement(&self.name, by))
             .await
     }
 }

@@ -52,8 +52,8 @@ impl Guard {
         &self.hold.r
     }
 
-    pub(crate) fn backend(&self) -> &std::sync::Arc<dyn crate::backend::Backend> {
-        &self.client.backend
+    pub(crate) fn client(&self) -> &Arc<ClientInner> {
+        &self.client
     }
 
     /// The fencing token of this grant: greater than every token issued

@@ -98,7 +98,7 @@ pub use crate::multi::{MultiGuard, MultiLock};
 pub use crate::name::{LockName, MAX_NAME_LEN};
 pub use crate::options::{DEFAULT_LEASE, Lease, LockOptions, MAX_LEASE, MAX_PERMITS, MIN_LEASE};
 pub use crate::owner::{MAX_OWNER_LEN, Owner};
-pub use crate::retry::RetryPolicy;
+pub use crate::retry::{MAX_RETRY_PAUSE, MIN_RETRY_PAUSE, RetryPolicy};
 pub use crate::striped::{MAX_SEGMENTS, StripedLock};
 pub use crate::url::default_sqlite_path;
 pub use crate::versioned::{Versioned, VersionedValue};

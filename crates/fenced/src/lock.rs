@@ -30,13 +30,16 @@ use tokio::time::Instant;
 ///     .fair(true)                       // first come, first served
 ///     .wait_timeout(Duration::from_secs(5));
 /// let guard = lock.acquire().await?;    // TimedOut after 5 s of waiting
-/// let token = guard.fencing_token();
-/// // Another owner cannot take it meanwhile ...
-/// let rival = lock.clone().owner(&fenced::Owner::new());
-/// assert!(rival.try_acquire().await?.is_none());
-/// // ... and the same owner re-enters with the same token.
-/// let nested = lock.acquire().await?;
-/// assert_eq!((nested.fencing_token(), nested.hold_count()), (token, 2));
+/// // Every acquisition is its own owner: another one, even through this
+/// // very handle, waits (here: gives up at once) ...
+/// assert!(lock.try_acquire().await?.is_none());
+/// drop(guard);
+/// // ... unless one owner is named for both (reentrancy).
+/// let me = fenced::Owner::new();
+/// let outer = lock.clone().owner(&me).acquire().await?;
+/// let nested = lock.clone().owner(&me).acquire().await?;
+/// assert_eq!(nested.fencing_token(), outer.fencing_token());
+/// assert_eq!(nested.hold_count(), 2);
 /// # Ok::<_, fenced::Error>(()) }).unwrap();
 /// ```
 #[derive(Clone)]
@@ -115,7 +118,12 @@ impl Lock {
         self
     }
 
-    /// Acquire on behalf of `owner` instead of the client's default owner.
+    /// Acquire on behalf of `owner`, for reentrancy: acquisitions of one
+    /// owner nest into one hold (the hold count rises; the lock is
+    /// released when it falls back to zero), and a writer of a read-write
+    /// lock may take read. Without an owner (the default) every
+    /// acquisition is its own owner, unless it runs inside
+    /// [`Owner::scope`].
     pub fn owner(mut self, owner: &Owner) -> Self {
         self.opts.owner = Some(owner.clone());
         self
@@ -188,7 +196,8 @@ impl Lock {
         let wait = match self.opts.wait_timeout {
             None => Wait::Until(None),
             Some(d) if d.is_zero() => Wait::No,
-            Some(d) => Wait::Until(Some(Instant::now() + d)),
+            // A wait too long for the clock to reach is a wait for ever.
+            Some(d) => Wait::Until(Instant::now().checked_add(d)),
         };
         match acquire::run(self, wait).await? {
             Some(guard) => Ok(guard),
@@ -221,21 +230,22 @@ impl Lock {
         let w = if wait.is_zero() {
             Wait::No
         } else {
-            Wait::Until(Some(Instant::now() + wait))
+            Wait::Until(Instant::now().checked_add(wait))
         };
         acquire::run(self, w).await
     }
 
     /// What the backend knows of this lock.
     pub async fn status(&self) -> Result<LockStatus> {
-        self.client.inner.backend.status(&self.name).await
+        self.client.inner.read(|b| b.status(&self.name)).await
     }
 
     /// Drops every hold of this lock, whoever holds it: an operator's
     /// "break lock" (Redisson's `forceUnlock`). The holders' lost signals
     /// fire at their next renewal. Returns how many holds were dropped.
     pub async fn force_unlock(&self) -> Result<usize> {
-        self.client.inner.backend.force_release(&self.name).await
+        let inner = &self.client.inner;
+        inner.write(inner.backend.force_release(&self.name)).await
     }
 }
 
@@ -249,24 +259,25 @@ impl fmt::Debug for Lock {
     }
 }
 
-/// A read-write lock: many readers, or one writer. Reentrant per owner; a
-/// writer may also take read (and keeps it after releasing write: the
-/// downgrade). A reader asking for write is refused with
-/// [`InvalidInput`](ErrorKind::InvalidInput): two readers upgrading at
-/// once would wait on each other for ever.
+/// A read-write lock: many readers, or one writer. With a named
+/// [`Owner`] it is reentrant per owner, and a writer may also take read
+/// (and keeps it after releasing write: the downgrade); a reader asking
+/// for write is refused with [`InvalidInput`](ErrorKind::InvalidInput):
+/// two readers upgrading at once would wait on each other for ever.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let client = fenced::Client::connect("memory://").await?;
 /// let rw = client.rwlock("config")?;
 /// let a = rw.read().acquire().await?;
-/// let other = fenced::Owner::new();
-/// let b = rw.read().owner(&other).acquire().await?;   // readers share
-/// let writer = fenced::Owner::new();
-/// assert!(rw.write().owner(&writer).try_acquire().await?.is_none()); // no writer beside them
+/// let b = rw.read().acquire().await?;                       // readers share
+/// assert!(rw.write().try_acquire().await?.is_none());       // no writer beside them
 /// // A reader asking for write is refused: it could deadlock.
-/// let err = rw.write().owner(&other).try_acquire().await.unwrap_err();
+/// let reader = fenced::Owner::new();
+/// let c = rw.read().owner(&reader).acquire().await?;
+/// let err = rw.write().owner(&reader).try_acquire().await.unwrap_err();
 /// assert_eq!(err.kind(), fenced::ErrorKind::InvalidInput);
+/// # drop((a, b, c));
 /// # Ok::<_, fenced::Error>(()) }).unwrap();
 /// ```
 #[derive(Clone, Debug)]

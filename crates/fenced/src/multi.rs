@@ -11,9 +11,13 @@ use tokio::time::Instant;
 /// Several locks acquired as one, all or nothing (Redisson's `MultiLock`),
 /// over any mix of backends and modes.
 ///
-/// Locks are taken one by one in a canonical order (backend URL, then
-/// name), whatever order they were given in, so two MultiLocks over
-/// overlapping sets cannot deadlock each other. If one cannot be had in
+/// Locks are taken one by one in a canonical order (the backend's
+/// identity, then name), whatever order they were given in, so two
+/// MultiLocks over overlapping sets cannot deadlock each other. The
+/// identity is the backend's own, not its URL's spelling: two processes
+/// that name one server differently (`postgresql://` or `postgres://`, a
+/// default port written out or not, hosts in another order) still take
+/// its locks in the same order. If one cannot be had in
 /// time, the ones already taken are released before the call returns.
 ///
 /// ```
@@ -60,17 +64,28 @@ impl MultiLock {
 
     /// Waits up to `wait` in all; `Ok(None)` (holding nothing) if not all were had.
     pub async fn acquire_timeout(&self, wait: Duration) -> Result<Option<MultiGuard>> {
-        self.acquire_by(Some(Instant::now() + wait)).await
+        match Instant::now().checked_add(wait) {
+            Some(d) => self.acquire_by(Some(d)).await,
+            // Beyond any clock: the same as waiting for ever.
+            None => self.acquire().await.map(Some),
+        }
     }
 
     async fn acquire_by(&self, deadline: Option<Instant>) -> Result<Option<MultiGuard>> {
         let mut guards = Vec::with_capacity(self.locks.len());
         for lock in &self.locks {
             let got = match deadline {
-                None => lock.try_acquire().await?,
+                None => lock.try_acquire().await,
                 Some(d) => {
                     lock.acquire_timeout(d.saturating_duration_since(Instant::now()))
-                        .await?
+                        .await
+                }
+            };
+            let got = match got {
+                Ok(got) => got,
+                Err(e) => {
+                    rollback(guards).await;
+                    return Err(e);
                 }
             };
             match got {
@@ -91,7 +106,7 @@ impl MultiLock {
 }
 
 fn key(l: &Lock) -> (&str, &str, i64) {
-    (l.client.url(), l.name(), l.mode.code())
+    (&l.client.inner.identity, l.name(), l.mode.code())
 }
 
 async fn rollback(guards: Vec<Guard>) {

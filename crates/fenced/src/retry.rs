@@ -7,7 +7,14 @@
 //! whether, and after how long, to try again.
 
 use crate::error::{Error, Result};
+use crate::options::MAX_LEASE;
 use std::time::Duration;
+
+/// The shortest pause between retries a policy that retries more than
+/// once may have.
+pub const MIN_RETRY_PAUSE: Duration = Duration::from_millis(1);
+/// The longest pause between retries a policy may have.
+pub const MAX_RETRY_PAUSE: Duration = Duration::from_secs(3600);
 
 /// When to retry an operation that failed transiently.
 ///
@@ -81,13 +88,54 @@ impl RetryPolicy {
         Ok(p)
     }
 
-    /// Checks the policy's numbers.
+    /// Checks the policy's numbers: a policy that retries more than once
+    /// must pause between tries (at least [`MIN_RETRY_PAUSE`]: a retry loop
+    /// with no pause hammers a server that is already in trouble), and no
+    /// pause may pass [`MAX_RETRY_PAUSE`].
     pub fn validate(&self) -> Result<()> {
+        let too_long = |what: &str, d: Duration| {
+            if d > MAX_RETRY_PAUSE {
+                Err(Error::invalid(format!(
+                    "retry {what} {d:?} is longer than the maximum of {MAX_RETRY_PAUSE:?}"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let too_short = |what: &str, d: Duration| {
+            if d < MIN_RETRY_PAUSE {
+                Err(Error::invalid(format!(
+                    "retry {what} {d:?} is shorter than the minimum of {MIN_RETRY_PAUSE:?}: \
+                     retries without a pause would hammer the backend"
+                )))
+            } else {
+                Ok(())
+            }
+        };
         match *self {
-            RetryPolicy::Exponential { base, cap, .. } => {
-                if base.is_zero() {
-                    return Err(Error::invalid("exponential retry base must be above zero"));
+            RetryPolicy::Never => Ok(()),
+            RetryPolicy::OneTime { sleep } => too_long("sleep", sleep),
+            RetryPolicy::NTimes { times, sleep } => {
+                too_long("sleep", sleep)?;
+                if times > 1 {
+                    too_short("sleep", sleep)?;
                 }
+                Ok(())
+            }
+            RetryPolicy::UntilElapsed { max_elapsed, sleep } => {
+                too_long("sleep", sleep)?;
+                too_short("sleep", sleep)?;
+                if max_elapsed > MAX_LEASE {
+                    return Err(Error::invalid(format!(
+                        "retry max_elapsed {max_elapsed:?} is longer than the maximum of \
+                         {MAX_LEASE:?}"
+                    )));
+                }
+                Ok(())
+            }
+            RetryPolicy::Exponential { base, cap, .. } => {
+                too_short("base", base)?;
+                too_long("cap", cap)?;
                 if base > cap {
                     return Err(Error::invalid(format!(
                         "exponential retry base {base:?} is above its cap {cap:?}"
@@ -95,7 +143,6 @@ impl RetryPolicy {
                 }
                 Ok(())
             }
-            _ => Ok(()),
         }
     }
 
@@ -159,5 +206,51 @@ mod tests {
         assert!(d <= Duration::from_millis(100) && d >= Duration::from_millis(60));
         assert!(RetryPolicy::exponential(Duration::ZERO, s, 1).is_err());
         assert!(RetryPolicy::exponential(Duration::from_secs(1), s, 1).is_err());
+    }
+
+    /// Every policy that retries in a loop must pause, and no pause may be
+    /// so long that adding it to the clock overflows.
+    #[test]
+    fn no_policy_spins_or_overflows() {
+        let zero = Duration::ZERO;
+        let huge = Duration::MAX;
+        for bad in [
+            RetryPolicy::NTimes {
+                times: 1_000_000,
+                sleep: zero,
+            },
+            RetryPolicy::UntilElapsed {
+                max_elapsed: Duration::from_secs(60),
+                sleep: zero,
+            },
+            RetryPolicy::UntilElapsed {
+                max_elapsed: huge,
+                sleep: Duration::from_millis(5),
+            },
+            RetryPolicy::OneTime { sleep: huge },
+            RetryPolicy::NTimes {
+                times: 2,
+                sleep: huge,
+            },
+            RetryPolicy::Exponential {
+                base: Duration::from_millis(1),
+                cap: huge,
+                max_retries: 3,
+            },
+        ] {
+            let e = bad.validate().unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidInput, "{bad:?}");
+        }
+        for good in [
+            RetryPolicy::Never,
+            RetryPolicy::OneTime { sleep: zero },
+            RetryPolicy::NTimes {
+                times: 1,
+                sleep: zero,
+            },
+            RetryPolicy::default(),
+        ] {
+            good.validate().unwrap();
+        }
     }
 }

@@ -257,6 +257,24 @@ impl Endpoints {
         }
     }
 
+    /// The query parameters nobody took yet, encoded for a URL.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn rest_query(&self) -> String {
+        url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(&self.query)
+            .finish()
+    }
+
+    /// Removes and returns every value of query parameter `key`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn take_all(&mut self, key: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some(v) = self.take(key) {
+            out.push(v);
+        }
+        out
+    }
+
     /// Removes and returns query parameter `key`.
     pub(crate) fn take(&mut self, key: &str) -> Option<String> {
         let i = self.query.iter().position(|(k, _)| k == key)?;

@@ -72,7 +72,11 @@ impl VersionedValue {
 
     /// The value and its version, or `None` if never written.
     pub async fn read(&self) -> Result<Option<Versioned>> {
-        let got = self.client.inner.backend.register_read(&self.name).await?;
+        let got = self
+            .client
+            .inner
+            .read(|b| b.register_read(&self.name))
+            .await?;
         Ok(got.map(|(value, version)| Versioned { value, version }))
     }
 
@@ -80,10 +84,13 @@ impl VersionedValue {
     /// written); `true` when written, the version then being `version + 1`,
     /// and `false` when another writer got there first.
     pub async fn compare_and_set(&self, version: u64, value: impl AsRef<[u8]>) -> Result<bool> {
-        self.client
-            .inner
-            .backend
-            .register_swap(&self.name, version, value.as_ref())
+        let inner = &self.client.inner;
+        inner
+            .write(
+                inner
+                    .backend
+                    .register_swap(&self.name, version, value.as_ref()),
+            )
             .await
     }
 

@@ -46,9 +46,10 @@
 use super::queue::{Wait, decode_register, grants, register_cas, waits_for};
 use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, NativeLeader,
-    Outcome, RegisterValue, Ticket, lease_runs_out, lock,
+    Outcome, RegisterValue, Renewal, Ticket, lease_runs_out, lock,
 };
-use crate::core::hold::believed_until;
+use crate::core::hold::{Bound, believed_until};
+use crate::core::machine::permits_differ;
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -66,9 +67,11 @@ use tokio::time::Instant;
 
 const DEFAULT_PORT: u16 = 2379;
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+use super::DEFAULT_TIMEOUT;
 const PARAMS: &[&str] = &["lease_ttl", "timeout"];
 const TOKEN_PREFIX: &str = "fenced.token/";
+/// What no lock name may start with on etcd: fenced's own records.
+const RESERVED: &str = "fenced.";
 const REGISTER_PREFIX: &str = "fenced.register/";
 
 /// How a key holds, from its value.
@@ -131,6 +134,42 @@ struct Session {
     ttl: i64,
     /// Bumped when the lease changes.
     epoch: AtomicU64,
+    /// The lease the bound is of, and until when the server is known to
+    /// keep it: the send time of the last keep-alive it answered, plus the
+    /// TTL it granted, less the drift holds allow for. Every hold of the
+    /// lease is believed no longer than this (see `core::hold`).
+    bound: Mutex<(i64, watch::Sender<Instant>)>,
+}
+
+impl Session {
+    /// The bound of lease `id`: the live one's, or one already run out if
+    /// `id` is not the live lease any more.
+    fn bound_of(&self, id: i64) -> Bound {
+        let b = lock(&self.bound);
+        if b.0 == id {
+            b.1.subscribe()
+        } else {
+            watch::channel(Instant::now()).1
+        }
+    }
+
+    /// Lease `id` is confirmed until `until`.
+    fn confirm(&self, id: i64, until: Instant) {
+        let mut b = lock(&self.bound);
+        if b.0 != id {
+            *b = (id, watch::Sender::new(until));
+        } else {
+            b.1.send_replace(until);
+        }
+    }
+
+    /// Lease `id` may be gone: its holds are lost now.
+    fn end(&self, id: i64) {
+        let b = lock(&self.bound);
+        if b.0 == id {
+            b.1.send_replace(Instant::now());
+        }
+    }
 }
 
 pub(crate) struct EtcdBackend {
@@ -141,6 +180,10 @@ pub(crate) struct EtcdBackend {
 struct Inner {
     etcd: Etcd,
     label: String,
+    /// `etcd://` and the endpoints, sorted.
+    identity: String,
+    /// How long one request may take (`timeout=`).
+    timeout: Duration,
     wakeups: Arc<Wakeups>,
     session: Session,
     /// hold id → key.
@@ -194,14 +237,29 @@ impl EtcdBackend {
             .lease_grant(ttl_s, None)
             .await
             .map_err(|e| map_err(&label, e))?;
+        let mut hosts: Vec<String> = endpoints
+            .iter()
+            .map(|e| e.trim_start_matches("http://").to_ascii_lowercase())
+            .collect();
+        hosts.sort();
+        hosts.dedup();
         let inner = Arc::new(Inner {
             etcd,
             label,
+            identity: format!("etcd://{}", hosts.join(",")),
+            timeout,
             wakeups: Arc::new(Wakeups::default()),
             session: Session {
                 lease: AtomicI64::new(first.id()),
                 ttl: first.ttl().max(ttl_s),
                 epoch: AtomicU64::new(0),
+                bound: Mutex::new((
+                    first.id(),
+                    watch::Sender::new(believed_until(
+                        granted,
+                        Duration::from_secs(first.ttl().max(1) as u64),
+                    )),
+                )),
             },
             keys: Mutex::new(HashMap::new()),
             next_suffix: AtomicU64::new(1),
@@ -229,6 +287,7 @@ async fn keep_alive(inner: Arc<Inner>, granted: Instant) {
             match etcd.lease_grant(inner.session.ttl, None).await {
                 Ok(r) => {
                     lives_until = believed_until(sent, Duration::from_secs(r.ttl().max(1) as u64));
+                    inner.session.confirm(r.id(), lives_until);
                     inner.session.lease.store(r.id(), Ordering::Release);
                     inner.session.epoch.fetch_add(1, Ordering::AcqRel);
                     inner.wakeups.bump_all();
@@ -260,6 +319,7 @@ async fn keep_alive(inner: Arc<Inner>, granted: Instant) {
             match ok {
                 Some(secs) if secs > 0 => {
                     lives_until = believed_until(sent, Duration::from_secs(secs as u64));
+                    inner.session.confirm(id, lives_until);
                 }
                 // The server says the lease is gone.
                 Some(_) => {
@@ -288,6 +348,7 @@ fn drop_session(inner: &Inner, id: i64) {
         .is_ok()
     {
         tracing::warn!(lease = id, "etcd session lease lost; its holds are lost");
+        inner.session.end(id);
         inner.session.epoch.fetch_add(1, Ordering::AcqRel);
         inner.wakeups.bump_all();
         // A lease we stopped hearing about may still live on the server,
@@ -349,7 +410,24 @@ fn prefix_of(name: &LockName) -> Result<Vec<u8>> {
              would nest inside another lock's keys"
         )));
     }
+    if n.starts_with(RESERVED) {
+        return Err(Error::invalid(format!(
+            "lock name {n:?} starts with {RESERVED:?}, which fenced keeps for its own \
+             records on etcd ({TOKEN_PREFIX}…, {REGISTER_PREFIX}…)"
+        )));
+    }
     Ok(format!("{n}/").into_bytes())
+}
+
+/// The keys of a prefix listing that belong to the lock itself: `N/x`, not
+/// `N/b/x`, which is lock `N/b`'s (its prefix `N/b/` starts with `N/`).
+fn own_level(prefix: &[u8], mut kvs: Vec<KeyValue>) -> Vec<KeyValue> {
+    kvs.retain(|kv| {
+        kv.key()
+            .get(prefix.len()..)
+            .is_some_and(|rest| !rest.contains(&b'/'))
+    });
+    kvs
 }
 
 fn queue_get(prefix: &[u8]) -> TxnOp {
@@ -491,7 +569,7 @@ impl Inner {
         let r = etcd.txn(txn).await.map_err(|e| self.err(e))?;
         let created = !known && r.succeeded();
         let at = revision(&r);
-        let kvs = gets(&r).pop().unwrap_or_default();
+        let kvs = own_level(&prefix, gets(&r).pop().unwrap_or_default());
         let Some(me) = kvs.iter().position(|kv| kv.key() == own.key.as_slice()) else {
             // Our key is gone (our session ended while we waited, or it
             // was force-deleted): never act on a queue we are not in.
@@ -526,7 +604,20 @@ impl Inner {
                     lease_runs_out(rx).await;
                     me.end_patiently(&id, super::queue::TRIES_WAITED_ON).await;
                 });
-                Ok(Outcome::Granted { token: rev as u64 })
+                Ok(Outcome::Granted {
+                    token: rev as u64,
+                    session: Some(self.session.bound_of(own.lease)),
+                })
+            }
+            Wait::Refused(theirs) => {
+                self.end_patiently(&req.hold_id, super::queue::TRIES_WAITED_ON)
+                    .await;
+                let ours = req.mode.permits().1;
+                Ok(Outcome::Refused(permits_differ(
+                    req.name.as_str(),
+                    theirs,
+                    ours,
+                )))
             }
             _ if !req.will_wait => {
                 self.end_patiently(&req.hold_id, super::queue::TRIES_WAITED_ON)
@@ -629,21 +720,24 @@ impl Backend for EtcdBackend {
         Box::pin(self.inner.attempt(req))
     }
 
-    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(async move {
             let live = self.inner.session.lease.load(Ordering::Acquire);
             let checks = refs.iter().map(|r| async move {
                 let Some(own) = lock(&self.inner.keys).get(&r.hold_id).cloned() else {
-                    return Ok(false);
+                    return Renewal::Gone;
                 };
                 if own.lease != live {
-                    return Ok(false);
+                    return Renewal::Gone;
                 }
                 let mut etcd = self.inner.etcd.clone();
                 let got = etcd
                     .get(own.key.clone(), Some(GetOptions::new().with_keys_only()))
-                    .await
-                    .map_err(|e| self.inner.err(e))?;
+                    .await;
+                // One hold's failed look says nothing of the others'.
+                let Ok(got) = got else {
+                    return Renewal::Unknown;
+                };
                 let rev = own.rev.load(Ordering::Acquire);
                 let here = got
                     .kvs()
@@ -652,13 +746,18 @@ impl Backend for EtcdBackend {
                 if here && let Some(d) = lock(&own.deadline).as_ref() {
                     d.send_replace(Instant::now() + r.lease);
                 }
-                Ok(here)
+                Renewal::from(here)
             });
-            futures_util::future::join_all(checks)
-                .await
-                .into_iter()
-                .collect()
+            Ok(futures_util::future::join_all(checks).await)
         })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    fn identity(&self) -> String {
+        self.inner.identity.clone()
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
@@ -697,7 +796,7 @@ impl Backend for EtcdBackend {
             let r = etcd.txn(txn).await.map_err(|e| inner.err(e))?;
             let mut got = gets(&r);
             let tok = got.pop().unwrap_or_default();
-            let kvs = got.pop().unwrap_or_default();
+            let kvs = own_level(&prefix, got.pop().unwrap_or_default());
             let mut last_token: u64 = tok
                 .first()
                 .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse().ok())
@@ -755,11 +854,11 @@ impl Backend for EtcdBackend {
                 )
                 .await
                 .map_err(|e| inner.err(e))?;
-            let kvs = got.kvs();
+            let kvs = own_level(&prefix_of(name)?, got.kvs().to_vec());
             // The holders only: waiters keep their places.
             let holders: Vec<&KeyValue> = kvs
                 .iter()
-                .zip(inner.grants(kvs))
+                .zip(inner.grants(&kvs))
                 .filter_map(|(kv, granted)| granted.then_some(kv))
                 .collect();
             let Some(top) = holders.iter().map(|kv| kv.create_revision()).max() else {
@@ -820,19 +919,21 @@ impl Backend for EtcdBackend {
         Box::pin(async move {
             let inner = &self.inner;
             let mut etcd = inner.etcd.clone();
+            let prefix = prefix_of(name)?;
+            // No limit: a nested lock's keys may come first, and are not this one's.
             let got = etcd
                 .get(
-                    prefix_of(name)?,
+                    prefix.clone(),
                     Some(
                         GetOptions::new()
                             .with_prefix()
-                            .with_sort(SortTarget::Create, SortOrder::Ascend)
-                            .with_limit(1),
+                            .with_sort(SortTarget::Create, SortOrder::Ascend),
                     ),
                 )
                 .await
                 .map_err(|e| inner.err(e))?;
-            Ok(Some(got.kvs().first().map(|kv| {
+            let kvs = own_level(&prefix, got.kvs().to_vec());
+            Ok(Some(kvs.first().map(|kv| {
                 (kv.value().to_vec(), kv.create_revision() as u64)
             })))
         })
@@ -866,7 +967,10 @@ impl Backend for EtcdBackend {
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(self.inner.register_change(name, move |old| {
             let seen = old.map_or(0, |(_, f)| f);
-            Ok((seen == expected).then(|| (value.to_vec(), expected + 1)))
+            if seen != expected {
+                return Ok(None);
+            }
+            Ok(Some((value.to_vec(), super::next_version(name, expected)?)))
         }))
     }
 

@@ -11,10 +11,10 @@
 
 use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Ticket,
+    RegisterValue, Renewal, Ticket,
 };
 use crate::core::acquire::QUEUE_TTL;
-use crate::core::machine::{Held, grantable, next_token};
+use crate::core::machine::{Held, grantable, next_token, permits_differ};
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::fence::parse_i64;
@@ -27,10 +27,42 @@ static STORES: LazyLock<Mutex<HashMap<String, Arc<Store>>>> = LazyLock::new(Defa
 
 #[derive(Default)]
 struct Store {
-    locks: Mutex<HashMap<LockName, Resource>>,
+    locks: Mutex<Locks>,
     registers: Mutex<HashMap<LockName, (Vec<u8>, u64)>>,
     wakeups: Arc<Wakeups>,
     next_ticket: Mutex<Ticket>,
+}
+
+/// The names with holds or waiters. A name with neither is dropped, so
+/// the map holds what is in use, not every name ever used; its last token
+/// goes into `floor`, where every name's next token starts from, so a
+/// dropped name's tokens still rise.
+#[derive(Default)]
+struct Locks {
+    names: HashMap<LockName, Resource>,
+    floor: u64,
+}
+
+impl Locks {
+    /// The name's entry, made (above the floor) if missing.
+    fn entry(&mut self, name: &LockName) -> &mut Resource {
+        let floor = self.floor;
+        self.names.entry(name.clone()).or_insert_with(|| Resource {
+            last_token: floor,
+            ..Resource::default()
+        })
+    }
+
+    /// Drops the entry of `name` if nothing holds or waits on it.
+    fn tidy(&mut self, name: &LockName) {
+        if let Some(res) = self.names.get(name)
+            && res.holds.is_empty()
+            && res.queue.is_empty()
+        {
+            self.floor = self.floor.max(res.last_token);
+            self.names.remove(name);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -60,6 +92,7 @@ impl Resource {
 
 pub(crate) struct MemoryBackend {
     store: Arc<Store>,
+    namespace: String,
 }
 
 impl MemoryBackend {
@@ -71,10 +104,13 @@ impl MemoryBackend {
         }
         let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
         let store = stores.entry(namespace.to_owned()).or_default().clone();
-        Ok(Arc::new(MemoryBackend { store }))
+        Ok(Arc::new(MemoryBackend {
+            store,
+            namespace: namespace.to_owned(),
+        }))
     }
 
-    fn locks(&self) -> MutexGuard<'_, HashMap<LockName, Resource>> {
+    fn locks(&self) -> MutexGuard<'_, Locks> {
         self.store.locks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -98,7 +134,7 @@ impl MemoryBackend {
     fn try_grant(&self, req: &Attempt) -> Outcome {
         let now = Instant::now();
         let mut locks = self.locks();
-        let res = locks.entry(req.name.clone()).or_default();
+        let res = locks.entry(&req.name);
         let mut changed = res.purge(now);
         let mine = req.ticket.filter(|t| res.queue.iter().any(|(q, _)| q == t));
         let queued_ahead = match mine {
@@ -109,7 +145,14 @@ impl MemoryBackend {
             owner_key: &h.owner_key,
             mode: h.mode,
         });
-        let outcome = if grantable(holders, &req.owner_key, req.mode, req.fair, queued_ahead) {
+        let decision = grantable(holders, &req.owner_key, req.mode, req.fair, queued_ahead);
+        let outcome = if let Err(theirs) = decision {
+            Outcome::Refused(permits_differ(
+                req.name.as_str(),
+                theirs,
+                req.mode.permits().1,
+            ))
+        } else if decision == Ok(true) {
             let token = next_token(res.last_token);
             res.last_token = token;
             res.holds.push(MemHold {
@@ -123,7 +166,7 @@ impl MemoryBackend {
                 res.queue.retain(|(q, _)| *q != t);
                 changed = true; // the next in line may go now
             }
-            Outcome::Granted { token }
+            Outcome::granted(token)
         } else {
             let ticket = if req.fair && req.will_wait {
                 let t = match mine {
@@ -147,6 +190,7 @@ impl MemoryBackend {
                 retry_after,
             })
         };
+        locks.tidy(&req.name);
         drop(locks);
         if changed {
             self.store.wakeups.bump(req.name.as_str());
@@ -157,13 +201,15 @@ impl MemoryBackend {
     fn remove_hold(&self, name: &LockName, hold_id: &str) -> bool {
         let now = Instant::now();
         let mut locks = self.locks();
-        let Some(res) = locks.get_mut(name) else {
+        let Some(res) = locks.names.get_mut(name) else {
             return false;
         };
         let Some(i) = res.holds.iter().position(|h| h.hold_id == hold_id) else {
             return false;
         };
         let h = res.holds.swap_remove(i);
+        res.purge(now);
+        locks.tidy(name);
         drop(locks);
         self.store.wakeups.bump(name.as_str());
         h.expires > now
@@ -183,22 +229,27 @@ impl Backend for MemoryBackend {
         Box::pin(async move { Ok(self.try_grant(req)) })
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(async move {
             let now = Instant::now();
             let mut locks = self.locks();
             Ok(holds
                 .iter()
                 .map(|r| {
-                    locks
+                    let renewed = locks
+                        .names
                         .get_mut(&r.name)
                         .and_then(|res| res.holds.iter_mut().find(|h| h.hold_id == r.hold_id))
                         .filter(|h| h.expires > now)
-                        .map(|h| h.expires = now + r.lease)
-                        .is_some()
+                        .map(|h| h.expires = now + r.lease);
+                    Renewal::from(renewed.is_some())
                 })
                 .collect())
         })
+    }
+
+    fn identity(&self) -> String {
+        format!("memory://{}", self.namespace)
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
@@ -212,8 +263,12 @@ impl Backend for MemoryBackend {
         hold_id: &'a str,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            if let (Some(t), Some(res)) = (ticket, self.locks().get_mut(name)) {
-                res.queue.retain(|(q, _)| *q != t);
+            if let Some(t) = ticket {
+                let mut locks = self.locks();
+                if let Some(res) = locks.names.get_mut(name) {
+                    res.queue.retain(|(q, _)| *q != t);
+                }
+                locks.tidy(name);
             }
             self.remove_hold(name, hold_id);
             self.store.wakeups.bump(name.as_str());
@@ -225,8 +280,12 @@ impl Backend for MemoryBackend {
         Box::pin(async move {
             let now = Instant::now();
             let mut locks = self.locks();
-            let Some(res) = locks.get_mut(name) else {
-                return Ok(LockStatus::default());
+            let floor = locks.floor;
+            let Some(res) = locks.names.get_mut(name) else {
+                return Ok(LockStatus {
+                    last_token: floor,
+                    ..LockStatus::default()
+                });
             };
             res.purge(now);
             Ok(LockStatus {
@@ -248,11 +307,14 @@ impl Backend for MemoryBackend {
 
     fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
         Box::pin(async move {
-            let n = self
-                .locks()
+            let mut locks = self.locks();
+            let n = locks
+                .names
                 .get_mut(name)
                 .map(|res| std::mem::take(&mut res.holds).len())
                 .unwrap_or(0);
+            locks.tidy(name);
+            drop(locks);
             self.store.wakeups.bump(name.as_str());
             Ok(n)
         })
@@ -297,7 +359,7 @@ impl Backend for MemoryBackend {
             if entry.1 != expected {
                 return Ok(false);
             }
-            *entry = (value.to_vec(), expected + 1);
+            *entry = (value.to_vec(), super::next_version(name, expected)?);
             Ok(true)
         })
     }
@@ -313,7 +375,7 @@ impl Backend for MemoryBackend {
                 return Ok(None);
             };
             let v = parse_i64(name, &entry.0)?;
-            if v - by < 0 {
+            if v < by {
                 return Ok(None);
             }
             entry.0 = (v - by).to_string().into_bytes();

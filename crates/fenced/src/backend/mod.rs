@@ -111,6 +111,27 @@ impl<T> IdleSessions<T> {
     }
 }
 
+/// Whether a pooled connection idle for a while still has its server: a
+/// ping, but only for one idle longer than [`STALE_AFTER`]. sqlx pings every
+/// connection it hands out by default, a round trip before each grant and
+/// each release; a connection in steady use needs none, and one that died
+/// fails its statement as any error in flight does, which the caller
+/// retries.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn still_there<C: sqlx::Connection>(
+    c: &mut C,
+    meta: sqlx::pool::PoolConnectionMetadata,
+) -> std::result::Result<bool, sqlx::Error> {
+    if meta.idle_for > STALE_AFTER {
+        c.ping().await?;
+    }
+    Ok(true)
+}
+
+/// How long a pooled connection may sit idle before it is pinged on use.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const STALE_AFTER: Duration = Duration::from_secs(10);
+
 /// The SQL lease tables' one-round-trip grant (`fenced_try_grant`, a
 /// function each backend creates with its tables): tried first for an
 /// unfair, unqueued acquire while the function is usable. `Ok(None)` leaves
@@ -133,7 +154,7 @@ where
         return Ok(None);
     }
     match call.await {
-        Ok(token) => Ok(token.map(|t| Outcome::Granted { token: t as u64 })),
+        Ok(token) => Ok(token.map(|t| Outcome::granted(t as u64))),
         Err(e) if conflict(&e) => Ok(None),
         Err(e) if gone(&e) => {
             usable.store(false, Ordering::Relaxed);
@@ -159,6 +180,17 @@ pub(crate) fn fence_i64(f: u64) -> crate::error::Result<i64> {
     i64::try_from(f).map_err(|_| {
         crate::error::Error::invalid(format!(
             "fencing token {f} is beyond what this backend issues"
+        ))
+    })
+}
+
+/// The version after `v` for a versioned compare-and-set, refused when it
+/// would not fit (a version read from somewhere else than this backend).
+pub(crate) fn next_version(name: &LockName, v: u64) -> crate::error::Result<u64> {
+    v.checked_add(1).ok_or_else(|| {
+        crate::error::Error::invalid(format!(
+            "version {v} of {:?} has no successor: versions count writes from 0",
+            name.as_str()
         ))
     })
 }
@@ -247,9 +279,55 @@ pub(crate) struct Attempt {
 /// The answer to an attempt.
 #[derive(Clone, Debug)]
 pub(crate) enum Outcome {
-    Granted { token: u64 },
+    Granted {
+        token: u64,
+        /// The session that keeps the grant on the server, on backends
+        /// whose holds live only as long as a session (etcd, ZooKeeper,
+        /// advisory locks): the hold is believed no longer than it.
+        session: Option<crate::core::hold::Bound>,
+    },
     Busy(Blocked),
+    /// The request can never be granted as asked (a semaphore held with
+    /// another count of permits): the caller gets `InvalidInput` with this
+    /// message, and nothing of the attempt is left behind.
+    Refused(String),
 }
+
+impl Outcome {
+    /// A grant that no session bounds (the server keeps it for its lease).
+    pub(crate) fn granted(token: u64) -> Outcome {
+        Outcome::Granted {
+            token,
+            session: None,
+        }
+    }
+}
+
+/// What a renewal learned of one hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Still ours: extended (or, on a session backend, still there) as of
+    /// the moment the renewal was sent.
+    Held,
+    /// The backend no longer names it.
+    Gone,
+    /// No answer for this one (RedLock: too few masters answered to tell):
+    /// try again; the hold stays believed until its lease says otherwise.
+    Unknown,
+}
+
+impl Renewal {
+    /// `Held` or `Gone`.
+    pub(crate) fn from(held: bool) -> Renewal {
+        if held { Renewal::Held } else { Renewal::Gone }
+    }
+}
+
+/// How long one request to a backend may take unless its URL says
+/// otherwise (`timeout=`): an attempt, a renewal or a release that takes
+/// longer counts as failed (and is retried where the caller's deadline
+/// allows), so no call waits on a server that does not answer.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why an attempt did not succeed, and when to look again.
 #[derive(Clone, Debug)]
@@ -332,8 +410,22 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// have arranged to bump [`Wakeups`] for this name when it changes.
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>>;
 
-    /// Extends each hold's lease; `true` where the hold was still there.
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>>;
+    /// Extends each hold's lease; one [`Renewal`] per hold, in order.
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>>;
+
+    /// How long one request may take (the URL's `timeout=`, else
+    /// [`DEFAULT_TIMEOUT`]).
+    fn request_timeout(&self) -> Duration {
+        DEFAULT_TIMEOUT
+    }
+
+    /// Who the backend is, spelled the same way whatever URL named it
+    /// (scheme aliases resolved, hosts sorted, default ports and
+    /// databases written out, credentials and tuning left out): what
+    /// MultiLock orders locks of different backends by, so that two
+    /// processes that spell one backend differently still take locks in
+    /// one order.
+    fn identity(&self) -> String;
 
     /// Drops a hold; `true` when it was still there. Idempotent. One try:
     /// the caller retries transient errors.

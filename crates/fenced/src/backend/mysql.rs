@@ -28,13 +28,19 @@
 //! doorbell re-arms is lost, and a holder that dies rings nothing, so
 //! waiters also look again when the first lease in their way ends. `KILL
 //! QUERY` of one's own user's connections needs no privilege.
+//!
+//! Connection ids start again from 1 when the server restarts, while the
+//! waiters' rows survive it: a ring must never reach a connection that
+//! took over an old doorbell's id. So each doorbell holds the user lock
+//! `fenced_doorbell:<its connection id>` for as long as it lives, and a
+//! releaser rings only ids whose lock is held by that very connection.
 
 use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Ticket,
+    RegisterValue, Renewal, Ticket,
 };
 use crate::core::acquire::QUEUE_TTL;
-use crate::core::machine::{Held, grantable};
+use crate::core::machine::{Held, grantable, permits_differ};
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -117,7 +123,7 @@ const READ_NAME: &str = "SELECT token,
     FROM fenced_locks WHERE name = ? FOR UPDATE";
 const PURGE_HOLDS: &str = "DELETE FROM fenced_holds WHERE name = ? AND expires_ms <= ?";
 const PURGE_WAITERS: &str = "DELETE FROM fenced_waiters WHERE name = ? AND expires_ms <= ?";
-const SELECT_HOLDS: &str = "SELECT owner, `mode`, take, `max`, token, expires_ms
+const SELECT_HOLDS: &str = "SELECT hold_id, owner, `mode`, take, `max`, token, expires_ms
     FROM fenced_holds WHERE name = ? AND expires_ms > ?";
 const QUEUE: &str = "SELECT
     CAST(EXISTS (SELECT 1 FROM fenced_waiters WHERE ticket = ? AND name = ?) AS SIGNED) AS mine,
@@ -131,13 +137,17 @@ const INSERT_WAITER: &str =
     "INSERT INTO fenced_waiters (name, fair, bell, expires_ms) VALUES (?, ?, ?, ?)";
 const BELLS: &str = "SELECT bell FROM fenced_waiters
     WHERE name = ? AND expires_ms > CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)
+      AND IS_USED_LOCK(CONCAT('fenced_doorbell:', bell)) = bell
     ORDER BY ticket LIMIT 8";
+/// What a doorbell holds to show it is one (see the module docs).
+const DOORBELL_MARK: &str =
+    "SELECT CAST(GET_LOCK(CONCAT('fenced_doorbell:', CONNECTION_ID()), 0) AS SIGNED) AS got";
 const FORGET_BELL: &str = "DELETE FROM fenced_waiters WHERE bell = ?";
 const RELEASE: &str = "DELETE FROM fenced_holds WHERE hold_id = ?
     RETURNING name, CAST(expires_ms > CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) AS SIGNED) AS live";
 const ABANDON_TICKET: &str = "DELETE FROM fenced_waiters WHERE ticket = ?";
 const ABANDON_HOLD: &str = "DELETE FROM fenced_holds WHERE hold_id = ?";
-const STATUS_HOLDS: &str = "SELECT owner, `mode`, take, `max`, token, expires_ms,
+const STATUS_HOLDS: &str = "SELECT hold_id, owner, `mode`, take, `max`, token, expires_ms,
     CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) AS now_ms
     FROM fenced_holds WHERE name = ?";
 const STATUS_REST: &str = "SELECT
@@ -162,6 +172,10 @@ const REGISTER_UPSERT: &str = "INSERT INTO fenced_registers (name, value, fence)
 pub(crate) struct MySqlBackend {
     pool: MySqlPool,
     label: String,
+    /// `mysql://host:port/database`, whatever URL named it.
+    identity: String,
+    /// How long one request may take (`timeout=`).
+    timeout: Duration,
     wakeups: Arc<Wakeups>,
     /// The connection id of this client's doorbell.
     bell: Arc<AtomicI64>,
@@ -193,9 +207,19 @@ impl MySqlBackend {
         }
         let mut pool_size: u32 = 8;
         let mut advisory = false;
+        let mut timeout = super::DEFAULT_TIMEOUT;
         let mut kept = Vec::new();
         for (k, v) in parsed.query_pairs() {
             match k.as_ref() {
+                "timeout" => {
+                    timeout = crate::url::parse_duration(&v)
+                        .filter(|t| !t.is_zero())
+                        .ok_or_else(|| {
+                            Error::invalid(format!(
+                                "timeout={v:?} in {label:?}: a positive duration like 500ms or 5s"
+                            ))
+                        })?;
+                }
                 "pool" => {
                     pool_size = v
                         .parse()
@@ -228,7 +252,7 @@ impl MySqlBackend {
         }
         let opts = MySqlConnectOptions::from_str(parsed.as_str())
             .map_err(|e| Error::invalid(format!("bad MySQL URL {label:?}: {e}")).with_source(e))?;
-        let table = Self::connect(label, opts.clone(), pool_size, !advisory).await?;
+        let table = Self::connect(label, opts.clone(), pool_size, !advisory, timeout).await?;
         if advisory {
             return super::mysql_advisory::MySqlAdvisory::open(Arc::new(table), opts).await;
         }
@@ -242,16 +266,32 @@ impl MySqlBackend {
         opts: MySqlConnectOptions,
         pool_size: u32,
         doorbell: bool,
+        timeout: Duration,
     ) -> Result<MySqlBackend> {
+        let identity = format!(
+            "mysql://{}:{}/{}",
+            opts.get_host(),
+            opts.get_port(),
+            opts.get_database().unwrap_or("")
+        );
+        // A wait for a row lock gives up no later than the client does
+        // (the setting counts whole seconds).
+        let lock_wait = timeout.as_secs().max(1);
         let pool = MySqlPoolOptions::new()
             .max_connections(pool_size)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(timeout)
+            .test_before_acquire(false)
+            .before_acquire(|c, meta| Box::pin(super::still_there(c, meta)))
             // Once per connection rather than a round trip per grant: every
             // transaction of ours runs READ COMMITTED, whatever the server's
             // default.
-            .after_connect(|c, _| {
+            .after_connect(move |c, _| {
                 Box::pin(async move {
                     sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .execute(&mut *c)
+                        .await?;
+                    let wait = format!("SET SESSION innodb_lock_wait_timeout = {lock_wait}");
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(wait))
                         .execute(c)
                         .await
                         .map(drop)
@@ -318,7 +358,7 @@ impl MySqlBackend {
             let mut first = MySqlConnection::connect_with(&bell_opts)
                 .await
                 .map_err(|e| db(&label, e))?;
-            let id = connection_id(&mut first).await.map_err(|e| db(&label, e))?;
+            let id = doorbell_id(&mut first).await.map_err(|e| db(&label, e))?;
             bell.store(id, Ordering::Release);
             Some(tokio::spawn(ring_loop(
                 first,
@@ -332,6 +372,8 @@ impl MySqlBackend {
         Ok(MySqlBackend {
             pool,
             label,
+            identity,
+            timeout,
             wakeups,
             bell,
             doorbell,
@@ -445,6 +487,13 @@ impl MySqlBackend {
             .iter()
             .map(|r| hold_row(r, now))
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        // A retry of an attempt whose commit went through but whose answer
+        // was lost: the grant stands (as the Redis script has it).
+        if let Some(h) = holds.iter().find(|h| h.hold_id == req.hold_id) {
+            let token = h.token as u64;
+            tx.commit().await?;
+            return Ok((Outcome::granted(token), changed));
+        }
         let (mine, ahead) = if req.fair || req.ticket.is_some() {
             let t = req.ticket.unwrap_or(i64::MAX);
             let q = sqlx::query(QUEUE)
@@ -465,7 +514,10 @@ impl MySqlBackend {
             owner_key: &h.owner,
             mode: h.mode,
         });
-        let outcome = if grantable(held, &req.owner_key, req.mode, req.fair, ahead) {
+        let decision = grantable(held, &req.owner_key, req.mode, req.fair, ahead);
+        let outcome = if let Err(theirs) = decision {
+            Outcome::Refused(permits_differ(name, theirs, req.mode.permits().1))
+        } else if decision == Ok(true) {
             let token = last.saturating_add(1).max(now_us);
             sqlx::query(SET_TOKEN)
                 .bind(token)
@@ -488,9 +540,7 @@ impl MySqlBackend {
                 sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
                 changed |= req.fair;
             }
-            Outcome::Granted {
-                token: token as u64,
-            }
+            Outcome::granted(token as u64)
         } else {
             let expires = now + ms(QUEUE_TTL);
             let bell = self.bell.load(Ordering::Acquire);
@@ -600,7 +650,7 @@ async fn ring_loop(
                 tracing::debug!(error = %e, "MySQL doorbell lost its connection");
                 wakeups.bump_all();
                 conn = reconnect(&opts).await;
-                match connection_id(&mut conn).await {
+                match doorbell_id(&mut conn).await {
                     Ok(id) => bell.store(id, Ordering::Release),
                     Err(_) => continue,
                 }
@@ -643,7 +693,9 @@ async fn wait_for_ring(
     }
 }
 
-async fn connection_id(conn: &mut MySqlConnection) -> std::result::Result<i64, sqlx::Error> {
+/// Marks `conn` as a doorbell (see the module docs); its connection id.
+async fn doorbell_id(conn: &mut MySqlConnection) -> std::result::Result<i64, sqlx::Error> {
+    sqlx::query(DOORBELL_MARK).execute(&mut *conn).await?;
     sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id")
         .fetch_one(conn)
         .await
@@ -664,6 +716,7 @@ async fn reconnect(opts: &MySqlConnectOptions) -> MySqlConnection {
 }
 
 struct HoldRow {
+    hold_id: String,
     owner: String,
     mode: Mode,
     token: i64,
@@ -678,6 +731,7 @@ fn hold_row(r: &MySqlRow, now: i64) -> std::result::Result<HoldRow, sqlx::Error>
         sqlx::Error::Decode(format!("fenced_holds has an unknown mode {code}").into())
     })?;
     Ok(HoldRow {
+        hold_id: r.try_get("hold_id")?,
         owner: r.try_get("owner")?,
         mode,
         token: r.try_get("token")?,
@@ -744,7 +798,7 @@ impl Backend for MySqlBackend {
         Box::pin(self.attempt_inner(req))
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(async move {
             let mut out = Vec::with_capacity(holds.len());
             // One statement per lease length (usually one), each over a
@@ -784,10 +838,22 @@ impl Backend for MySqlBackend {
                     .iter()
                     .filter_map(|r| r.try_get::<String, _>("hold_id").ok())
                     .collect();
-                out.extend(chunk.iter().map(|h| live.contains(&h.hold_id)));
+                out.extend(
+                    chunk
+                        .iter()
+                        .map(|h| Renewal::from(live.contains(&h.hold_id))),
+                );
             }
             Ok(out)
         })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn identity(&self) -> String {
+        self.identity.clone()
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
@@ -950,6 +1016,8 @@ impl Backend for MySqlBackend {
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
+            // The version after it must fit the column too.
+            super::fence_i64(super::next_version(name, expected)?)?;
             let expected = super::fence_i64(expected)?;
             // The fence always changes, so a matched row is an affected row.
             let r = sqlx::query(REGISTER_SWAP)

@@ -10,6 +10,12 @@
 //! **Leases** still hold: a hold whose lease ends without a renewal gives
 //! the lock back, so the lease contract is the same in both modes.
 //!
+//! **The session bounds the hold**: the server ends a session idle for
+//! its `wait_timeout` (8 hours by default, often minutes on managed
+//! servers), and the lock with it. The hold is believed only until its
+//! last confirmed statement plus that timeout, and the session is kept
+//! busy (a `SELECT 1` every third of it) so that a live holder keeps it.
+//!
 //! **Keys**: the `GET_LOCK` name is the lock name itself when it has at
 //! most 64 characters (MySQL's limit), so `GET_LOCK('orders:1001', …)` in
 //! other code is the same lock as fenced's `orders:1001`. A longer name
@@ -35,9 +41,10 @@
 use super::mysql::MySqlBackend;
 use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, IdleSessions, LockStatus, Mode,
-    Outcome, RegisterValue, Ticket, lease_runs_out, lock,
+    Outcome, RegisterValue, Renewal, Ticket, lease_runs_out, lock,
 };
 use crate::core::acquire::QUEUE_TTL;
+use crate::core::hold::believed_until;
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -84,6 +91,8 @@ struct SessionHold {
     name: LockName,
     owner: String,
     deadline: watch::Sender<Instant>,
+    /// Until when the server keeps the session (its `wait_timeout`).
+    alive: watch::Sender<Instant>,
 }
 
 /// A waiter's session, waiting inside the server for the lock.
@@ -116,6 +125,8 @@ struct Shared {
     probers: Mutex<HashMap<Ticket, Arc<Prober>>>,
     idle: IdleSessions<Session>,
     next_ticket: AtomicI64,
+    /// The server's `wait_timeout`: how long it keeps an idle session.
+    idle_timeout: Duration,
 }
 
 impl MySqlAdvisory {
@@ -125,20 +136,26 @@ impl MySqlAdvisory {
     ) -> Result<Arc<dyn Backend>> {
         // Sessions wait in GET_LOCK by design: no slow-statement warnings.
         let opts = sqlx::ConnectOptions::disable_statement_logging(opts);
-        let me = MySqlAdvisory {
-            shared: Arc::new(Shared {
-                table,
-                opts,
-                holds: Default::default(),
-                probers: Default::default(),
-                idle: IdleSessions::new(),
-                next_ticket: AtomicI64::new(1),
-            }),
+        let mut shared = Shared {
+            table,
+            opts,
+            holds: Default::default(),
+            probers: Default::default(),
+            idle: IdleSessions::new(),
+            next_ticket: AtomicI64::new(1),
+            idle_timeout: Duration::from_secs(28_800),
         };
         // Fail at connect, not at the first lock, if sessions cannot open.
-        let s = me.shared.session().await?;
-        me.shared.idle.put(s);
-        Ok(Arc::new(me))
+        let mut s = shared.session().await?;
+        let secs: i64 = sqlx::query_scalar("SELECT CAST(@@SESSION.wait_timeout AS SIGNED)")
+            .fetch_one(&mut s.conn)
+            .await
+            .map_err(|e| shared.db(e))?;
+        shared.idle_timeout = Duration::from_secs(secs.max(1) as u64);
+        shared.idle.put(s);
+        Ok(Arc::new(MySqlAdvisory {
+            shared: Arc::new(shared),
+        }))
     }
 }
 
@@ -214,20 +231,31 @@ impl Shared {
                     }
                 };
                 lock(&self.probers).remove(&t);
-                if let Some(s) = won {
-                    return self.granted(req, s, key).await;
+                if let Some(mut s) = won {
+                    // The session may have waited in the server for longer
+                    // than its idle timeout: count its life from a statement
+                    // sent now, not from when the wait began.
+                    let sent = Instant::now();
+                    match sqlx::query("SELECT 1").execute(&mut s.conn).await {
+                        Ok(_) => return self.granted(req, s, key, sent).await,
+                        Err(e) => {
+                            let _ = s.conn.close().await;
+                            return Err(self.db(e));
+                        }
+                    }
                 }
                 // The prober failed: start over below.
             }
         }
         let mut s = self.session().await?;
+        let sent = Instant::now();
         let got = sqlx::query(TRY_LOCK)
             .bind(&key)
             .fetch_one(&mut s.conn)
             .await
             .and_then(|r| r.try_get::<Option<i64>, _>("got"));
         match got {
-            Ok(Some(1)) => self.granted(req, s, key).await,
+            Ok(Some(1)) => self.granted(req, s, key, sent).await,
             Ok(Some(_)) if req.will_wait => Ok(Outcome::Busy(Blocked {
                 ticket: Some(self.probe(s, key, req.name.clone())),
                 retry_after: None,
@@ -250,8 +278,15 @@ impl Shared {
         }
     }
 
-    /// Records a hold whose session holds the lock, with a fresh token.
-    async fn granted(self: &Arc<Self>, req: &Attempt, s: Session, key: String) -> Result<Outcome> {
+    /// Records a hold whose session holds the lock, with a fresh token;
+    /// `sent` is when the session last answered before the grant.
+    async fn granted(
+        self: &Arc<Self>,
+        req: &Attempt,
+        s: Session,
+        key: String,
+        sent: Instant,
+    ) -> Result<Outcome> {
         let token = match self.table.next_token(req.name.as_str()).await {
             Ok(t) => t,
             Err(e) => {
@@ -265,15 +300,53 @@ impl Shared {
             name: req.name.clone(),
             owner: req.owner_key.clone(),
             deadline: watch::Sender::new(Instant::now() + req.lease),
+            alive: watch::Sender::new(believed_until(sent, self.idle_timeout)),
         });
+        let bound = hold.alive.subscribe();
         lock(&self.holds).insert(req.hold_id.clone(), hold.clone());
         let me = self.clone();
         let id = req.hold_id.clone();
         tokio::spawn(async move {
-            lease_runs_out(hold.deadline.subscribe()).await;
+            // Keep the session from the server's idle timeout until the
+            // lease ends.
+            let ends = lease_runs_out(hold.deadline.subscribe());
+            tokio::pin!(ends);
+            loop {
+                tokio::select! {
+                    _ = &mut ends => break,
+                    _ = tokio::time::sleep(me.idle_timeout / 3) => {
+                        me.touch(&hold).await;
+                    }
+                }
+            }
             me.end(&id).await;
         });
-        Ok(Outcome::Granted { token })
+        Ok(Outcome::Granted {
+            token,
+            session: Some(bound),
+        })
+    }
+
+    /// Asks the hold's session whether it still holds the lock (which also
+    /// shows the server the session is in use); moves the session's bound
+    /// when it answers yes.
+    async fn touch(&self, hold: &SessionHold) -> bool {
+        let mut s = hold.session.lock().await;
+        let Some(s) = s.as_mut() else {
+            return false;
+        };
+        let sent = Instant::now();
+        let mine = sqlx::query(STILL_MINE)
+            .bind(&hold.key)
+            .fetch_one(&mut s.conn)
+            .await
+            .and_then(|row| row.try_get::<i64, _>("mine"))
+            .is_ok_and(|m| m == 1);
+        if mine {
+            hold.alive
+                .send_replace(believed_until(sent, self.idle_timeout));
+        }
+        mine
     }
 
     /// Hands a session to a prober that waits in the server; its ticket.
@@ -415,29 +488,28 @@ impl Backend for MySqlAdvisory {
         Box::pin(self.shared.attempt(req))
     }
 
-    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(async move {
             let checks = refs.iter().map(|r| async move {
                 let Some(hold) = lock(&self.shared.holds).get(&r.hold_id).cloned() else {
-                    return false;
+                    return Renewal::Gone;
                 };
-                let mut s = hold.session.lock().await;
-                let Some(s) = s.as_mut() else {
-                    return false;
-                };
-                let mine = sqlx::query(STILL_MINE)
-                    .bind(&hold.key)
-                    .fetch_one(&mut s.conn)
-                    .await
-                    .and_then(|row| row.try_get::<i64, _>("mine"))
-                    .is_ok_and(|m| m == 1);
+                let mine = self.shared.touch(&hold).await;
                 if mine {
                     hold.deadline.send_replace(Instant::now() + r.lease);
                 }
-                mine
+                Renewal::from(mine)
             });
             Ok(futures_util::future::join_all(checks).await)
         })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.shared.table.request_timeout()
+    }
+
+    fn identity(&self) -> String {
+        format!("{}?mode=advisory", self.shared.table.identity())
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {

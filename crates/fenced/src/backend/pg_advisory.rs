@@ -12,6 +12,13 @@
 //! fixed lease, or a guard leaked by a live process) closes its session,
 //! which frees the lock, so the lease contract is the same in both modes.
 //!
+//! **The session bounds the hold**: a server with `idle_session_timeout`
+//! set ends a session idle that long, and the lock with it. The hold is
+//! then believed only until its last confirmed statement plus that
+//! timeout, and the session is kept busy (a `SELECT 1` every third of the
+//! timeout) so that a live holder keeps it. With the default (0: off) only
+//! the hold's own lease bounds it.
+//!
 //! **Key derivation**: the key of a name is the 64-bit FNV-1a hash of its
 //! UTF-8 bytes, as a signed `bigint` (`pg_locks` shows its high and low 32
 //! bits as `classid` and `objid`, `objsubid = 1`). Two names collide with
@@ -28,8 +35,9 @@
 use super::postgres::PgBackend;
 use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, IdleSessions, LockStatus, Mode,
-    Outcome, RegisterValue, Ticket, lease_runs_out, lock,
+    Outcome, RegisterValue, Renewal, Ticket, lease_runs_out, lock,
 };
+use crate::core::hold::believed_until;
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -48,6 +56,12 @@ const TRY_LOCK_SHARED: &str = "SELECT set_config('application_name', $1, false) 
     pg_try_advisory_lock_shared($2) AS got";
 const UNLOCK: &str = "SELECT pg_advisory_unlock($1) AS was";
 const UNLOCK_SHARED: &str = "SELECT pg_advisory_unlock_shared($1) AS was";
+/// Run before a session goes back to the idle stack: whatever an
+/// acquisition dropped between its lock and its record left on it goes.
+const UNLOCK_ALL: &str = "SELECT count(*) AS n FROM (SELECT pg_advisory_unlock_all()) AS u";
+/// The server's idle-session timeout in ms (PostgreSQL ≥ 14; no row before).
+const IDLE_TIMEOUT: &str =
+    "SELECT setting::bigint AS ms FROM pg_settings WHERE name = 'idle_session_timeout'";
 const HOLDERS: &str = "SELECT a.application_name AS owner, l.mode AS lmode, l.granted AS granted
     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
     WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2
@@ -79,6 +93,8 @@ struct SessionHold {
     key: i64,
     name: LockName,
     deadline: watch::Sender<Instant>,
+    /// Until when the server keeps the session (with an idle timeout).
+    alive: Option<watch::Sender<Instant>>,
 }
 
 type Holds = Arc<Mutex<HashMap<String, Arc<SessionHold>>>>;
@@ -89,6 +105,8 @@ pub(crate) struct PgAdvisory {
     opts: PgConnectOptions,
     holds: Holds,
     idle: Arc<IdleSessions<PgConnection>>,
+    /// The server's `idle_session_timeout`, when it ends idle sessions.
+    idle_timeout: Option<Duration>,
 }
 
 impl PgAdvisory {
@@ -96,13 +114,14 @@ impl PgAdvisory {
         table: Arc<PgBackend>,
         opts: PgConnectOptions,
     ) -> Result<Arc<dyn Backend>> {
-        let me = PgAdvisory {
+        let mut me = PgAdvisory {
             table,
             opts,
             holds: Default::default(),
             idle: Arc::new(IdleSessions::new()),
+            idle_timeout: None,
         };
-        me.check_session_pinning().await?;
+        me.idle_timeout = me.check_session_pinning().await?;
         Ok(Arc::new(me))
     }
 
@@ -118,8 +137,7 @@ impl PgAdvisory {
             .await
             .map_err(|e| self.db(e))?;
         // Tokens are raised over this session: they must survive a crash.
-        sqlx::query(super::postgres::DURABLE_COMMITS)
-            .execute(&mut c)
+        super::postgres::prepare(&mut c, self.table.request_timeout())
             .await
             .map_err(|e| self.db(e))?;
         Ok(c)
@@ -127,8 +145,13 @@ impl PgAdvisory {
 
     /// A transaction-pooling proxy gives each statement whichever server
     /// session is free: a session lock taken through it is not ours.
-    async fn check_session_pinning(&self) -> Result<()> {
+    /// Returns the server's idle-session timeout, if it has one.
+    async fn check_session_pinning(&self) -> Result<Option<Duration>> {
         let mut c = self.session().await?;
+        let idle: Option<i64> = sqlx::query_scalar(IDLE_TIMEOUT)
+            .fetch_optional(&mut c)
+            .await
+            .map_err(|e| self.db(e))?;
         let mut pids = Vec::new();
         for _ in 0..3 {
             let row = sqlx::query("SELECT pg_backend_pid() AS pid")
@@ -147,7 +170,9 @@ impl PgAdvisory {
                 self.table.label()
             )));
         }
-        Ok(())
+        Ok(idle
+            .filter(|ms| *ms > 0)
+            .map(|ms| Duration::from_millis(ms as u64)))
     }
 
     async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
@@ -177,6 +202,7 @@ impl PgAdvisory {
         while !o.is_char_boundary(start) {
             start += 1;
         }
+        let sent = Instant::now();
         let token = {
             let mut guard = session.lock().await;
             let Some(conn) = guard.as_mut() else {
@@ -225,6 +251,10 @@ impl PgAdvisory {
                 }
             }
         };
+        let alive = self
+            .idle_timeout
+            .map(|t| watch::Sender::new(believed_until(sent, t)));
+        let bound = alive.as_ref().map(watch::Sender::subscribe);
         let hold = Arc::new(SessionHold {
             conn: session,
             owner: req.owner_key.clone(),
@@ -232,6 +262,7 @@ impl PgAdvisory {
             key: k,
             name: req.name.clone(),
             deadline: watch::Sender::new(Instant::now() + req.lease),
+            alive,
         });
         lock(&self.holds).insert(req.hold_id.clone(), hold.clone());
         tokio::spawn(expire(
@@ -240,8 +271,12 @@ impl PgAdvisory {
             req.hold_id.clone(),
             self.holds.clone(),
             self.table.clone(),
+            self.idle_timeout,
         ));
-        Ok(Outcome::Granted { token })
+        Ok(Outcome::Granted {
+            token,
+            session: bound,
+        })
     }
 
     /// Unlocks and closes the session of `hold_id`; whether it still held.
@@ -273,9 +308,13 @@ async fn unlock(hold: &SessionHold, idle: &IdleSessions<PgConnection>) -> bool {
         .unwrap_or(false);
     // The map and this hold are gone: only other holds keep the session.
     if Arc::strong_count(&hold.conn) == 1
-        && let Some(c) = guard.take()
+        && let Some(mut c) = guard.take()
     {
-        if was {
+        // An acquisition dropped between its lock and its record (or a
+        // hold of this owner whose unlock failed) may have left a lock on
+        // the session: none goes back to the idle stack holding one.
+        let clean = was && sqlx::query(UNLOCK_ALL).execute(&mut c).await.is_ok();
+        if clean {
             idle.put(c);
         } else {
             // Closing the session frees the lock even if the unlock failed.
@@ -285,15 +324,44 @@ async fn unlock(hold: &SessionHold, idle: &IdleSessions<PgConnection>) -> bool {
     was
 }
 
-/// Ends a hold whose lease ran out without a renewal.
+/// A statement on the hold's session, to tell (and show the server) it
+/// lives; moves the session's bound when it answers.
+async fn touch(hold: &SessionHold, idle_timeout: Option<Duration>) -> bool {
+    let mut c = hold.conn.lock().await;
+    let Some(conn) = c.as_mut() else {
+        return false;
+    };
+    let sent = Instant::now();
+    let alive = sqlx::query("SELECT 1").execute(conn).await.is_ok();
+    if alive && let (Some(b), Some(t)) = (&hold.alive, idle_timeout) {
+        b.send_replace(believed_until(sent, t));
+    }
+    alive
+}
+
+/// Ends a hold whose lease ran out without a renewal; meanwhile keeps its
+/// session from the server's idle timeout, if it has one.
 async fn expire(
     idle: Arc<IdleSessions<PgConnection>>,
     hold: Arc<SessionHold>,
     hold_id: String,
     holds: Holds,
     table: Arc<PgBackend>,
+    idle_timeout: Option<Duration>,
 ) {
-    lease_runs_out(hold.deadline.subscribe()).await;
+    let ends = lease_runs_out(hold.deadline.subscribe());
+    tokio::pin!(ends);
+    match idle_timeout {
+        None => ends.await,
+        Some(t) => loop {
+            tokio::select! {
+                _ = &mut ends => break,
+                _ = tokio::time::sleep(t / 3) => {
+                    touch(&hold, idle_timeout).await;
+                }
+            }
+        },
+    }
     if lock(&holds).remove(&hold_id).is_some() {
         unlock(&hold, &idle).await;
         table.notify(hold.name.as_str()).await;
@@ -317,25 +385,29 @@ impl Backend for PgAdvisory {
         Box::pin(self.attempt_inner(req))
     }
 
-    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(async move {
             let checks = refs.iter().map(|r| async move {
                 let Some(hold) = lock(&self.holds).get(&r.hold_id).cloned() else {
-                    return false;
-                };
-                let mut c = hold.conn.lock().await;
-                let Some(conn) = c.as_mut() else {
-                    return false;
+                    return Renewal::Gone;
                 };
                 // The session is alive, so the server still holds our lock.
-                let alive = sqlx::query("SELECT 1").execute(conn).await.is_ok();
+                let alive = touch(&hold, self.idle_timeout).await;
                 if alive {
                     hold.deadline.send_replace(Instant::now() + r.lease);
                 }
-                alive
+                Renewal::from(alive)
             });
             Ok(futures_util::future::join_all(checks).await)
         })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.table.request_timeout()
+    }
+
+    fn identity(&self) -> String {
+        format!("{}?mode=advisory", self.table.identity())
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {

@@ -27,10 +27,10 @@
 
 use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Ticket,
+    RegisterValue, Renewal, Ticket,
 };
 use crate::core::acquire::QUEUE_TTL;
-use crate::core::machine::{Held, grantable};
+use crate::core::machine::{Held, grantable, permits_differ};
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -125,6 +125,25 @@ const HAS_TABLES: &str = "SELECT to_regclass('fenced_locks') IS NOT NULL
 pub(crate) const DURABLE_COMMITS: &str = "SELECT set_config('synchronous_commit', 'on', false)
     WHERE current_setting('synchronous_commit') = 'off'";
 
+/// Readies a session fenced opens: commits that survive a crash
+/// ([`DURABLE_COMMITS`]), and a server that gives up on a statement, or on
+/// a wait for a row lock, no later than the client gives up on it.
+pub(crate) async fn prepare(
+    c: &mut PgConnection,
+    timeout: Duration,
+) -> std::result::Result<(), sqlx::Error> {
+    sqlx::query(DURABLE_COMMITS).execute(&mut *c).await?;
+    let ms = timeout.as_millis().to_string();
+    sqlx::query(
+        "SELECT set_config('statement_timeout', $1, false), \
+                set_config('lock_timeout', $1, false)",
+    )
+    .bind(ms)
+    .execute(c)
+    .await
+    .map(drop)
+}
+
 /// The `NOTIFY` channel.
 const CHANNEL: &str = "fenced_wake";
 /// Serialises schema creation between processes.
@@ -142,7 +161,7 @@ const LOCK_NAME: &str = "INSERT INTO fenced_locks (name) VALUES ($1)
 const PURGE: &str = "WITH h AS (DELETE FROM fenced_holds WHERE name = $1 AND expires_at <= clock_timestamp() RETURNING 1),
     w AS (DELETE FROM fenced_waiters WHERE name = $1 AND expires_at <= clock_timestamp() RETURNING 1)
     SELECT (SELECT count(*) FROM h) AS holds, (SELECT count(*) FROM w) AS waiters";
-const SELECT_HOLDS: &str = "SELECT owner, mode, take, max, token,
+const SELECT_HOLDS: &str = "SELECT hold_id, owner, mode, take, max, token,
     (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS left_ms
     FROM fenced_holds WHERE name = $1 AND expires_at > clock_timestamp()";
 const QUEUE: &str = "SELECT
@@ -199,6 +218,10 @@ const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
 pub(crate) struct PgBackend {
     pool: PgPool,
     label: String,
+    /// `postgres://host:port/database`, whatever URL named it.
+    identity: String,
+    /// How long one request may take (`timeout=`).
+    timeout: Duration,
     /// Whether `fenced_try_grant` can be called.
     fast: std::sync::atomic::AtomicBool,
     wakeups: Arc<Wakeups>,
@@ -234,9 +257,19 @@ impl PgBackend {
             .map_err(|e| Error::invalid(format!("bad PostgreSQL URL {label:?}: {e}")))?;
         let mut pool_size: u32 = 8;
         let mut advisory = false;
+        let mut timeout = super::DEFAULT_TIMEOUT;
         let mut kept = Vec::new();
         for (k, v) in parsed.query_pairs() {
             match k.as_ref() {
+                "timeout" => {
+                    timeout = crate::url::parse_duration(&v)
+                        .filter(|t| !t.is_zero())
+                        .ok_or_else(|| {
+                            Error::invalid(format!(
+                                "timeout={v:?} in {label:?}: a positive duration like 500ms or 5s"
+                            ))
+                        })?;
+                }
                 "pool" => {
                     pool_size = v
                         .parse()
@@ -268,12 +301,18 @@ impl PgBackend {
         let opts = PgConnectOptions::from_str(parsed.as_str()).map_err(|e| {
             Error::invalid(format!("bad PostgreSQL URL {label:?}: {e}")).with_source(e)
         })?;
+        let identity = format!(
+            "postgres://{}:{}/{}",
+            opts.get_host(),
+            opts.get_port(),
+            opts.get_database().unwrap_or(opts.get_username())
+        );
         let pool = PgPoolOptions::new()
             .max_connections(pool_size)
-            .acquire_timeout(Duration::from_secs(10))
-            .after_connect(|c, _| {
-                Box::pin(async move { sqlx::query(DURABLE_COMMITS).execute(c).await.map(drop) })
-            })
+            .acquire_timeout(timeout)
+            .test_before_acquire(false)
+            .before_acquire(|c, meta| Box::pin(super::still_there(c, meta)))
+            .after_connect(move |c, _| Box::pin(prepare(c, timeout)))
             .connect_with(opts.clone())
             .await
             .map_err(|e| db(&label, e))?;
@@ -319,7 +358,14 @@ impl PgBackend {
         };
         tx.commit().await.map_err(|e| db(&label, e))?;
         let wakeups = Arc::new(Wakeups::default());
-        let mut listener = PgListener::connect_with(&pool)
+        // The listener keeps a connection for good: one of its own, not one
+        // of the `pool=` the grants share (with `pool=1` it took the only
+        // one, and no grant could run).
+        let listen_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(timeout)
+            .connect_lazy_with(opts.clone());
+        let mut listener = PgListener::connect_with(&listen_pool)
             .await
             .map_err(|e| db(&label, e))?;
         listener.listen(CHANNEL).await.map_err(|e| db(&label, e))?;
@@ -327,6 +373,8 @@ impl PgBackend {
         let me = Arc::new(PgBackend {
             pool,
             label,
+            identity,
+            timeout,
             fast: fast.into(),
             wakeups,
             listener,
@@ -434,6 +482,16 @@ impl PgBackend {
             .iter()
             .map(hold_row)
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        // A retry of an attempt whose commit went through but whose answer
+        // was lost: the grant stands (as the Redis script has it).
+        if let Some(h) = holds.iter().find(|h| h.hold_id == req.hold_id) {
+            let token = h.token as u64;
+            if changed {
+                sqlx::query(NOTIFY).bind(name).fetch_one(&mut *c).await?;
+            }
+            tx.commit().await?;
+            return Ok(Outcome::granted(token));
+        }
         let (mine, ahead) = if req.fair || req.ticket.is_some() {
             let q = sqlx::query(QUEUE)
                 .bind(name)
@@ -449,7 +507,10 @@ impl PgBackend {
             owner_key: &h.owner,
             mode: h.mode,
         });
-        let outcome = if grantable(held, &req.owner_key, req.mode, req.fair, ahead) {
+        let decision = grantable(held, &req.owner_key, req.mode, req.fair, ahead);
+        let outcome = if let Err(theirs) = decision {
+            Outcome::Refused(permits_differ(name, theirs, req.mode.permits().1))
+        } else if decision == Ok(true) {
             let token = (last.saturating_add(1)).max(now_us);
             let (take, max) = req.mode.permits();
             sqlx::query(GRANT)
@@ -468,9 +529,7 @@ impl PgBackend {
                 // The next fair waiter may go too (readers in a row).
                 changed |= req.fair;
             }
-            Outcome::Granted {
-                token: token as u64,
-            }
+            Outcome::granted(token as u64)
         } else {
             let ttl = ms(QUEUE_TTL) as f64;
             let ticket = match (mine, req.fair && req.will_wait) {
@@ -530,6 +589,7 @@ async fn listen(mut listener: PgListener, wakeups: Arc<Wakeups>) {
 }
 
 struct HoldRow {
+    hold_id: String,
     owner: String,
     mode: Mode,
     token: i64,
@@ -544,6 +604,7 @@ fn hold_row(r: &PgRow) -> std::result::Result<HoldRow, sqlx::Error> {
         sqlx::Error::Decode(format!("fenced_holds has an unknown mode {code}").into())
     })?;
     Ok(HoldRow {
+        hold_id: r.try_get("hold_id")?,
         owner: r.try_get("owner")?,
         mode,
         token: r.try_get("token")?,
@@ -617,7 +678,7 @@ impl Backend for PgBackend {
         Box::pin(self.attempt_inner(req))
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(async move {
             let ids: Vec<&str> = holds.iter().map(|h| h.hold_id.as_str()).collect();
             let leases: Vec<i64> = holds.iter().map(|h| ms(h.lease)).collect();
@@ -631,8 +692,19 @@ impl Backend for PgBackend {
                 .iter()
                 .filter_map(|r| r.try_get::<String, _>(0).ok())
                 .collect();
-            Ok(holds.iter().map(|h| renewed.contains(&h.hold_id)).collect())
+            Ok(holds
+                .iter()
+                .map(|h| Renewal::from(renewed.contains(&h.hold_id)))
+                .collect())
         })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn identity(&self) -> String {
+        self.identity.clone()
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
@@ -764,6 +836,8 @@ impl Backend for PgBackend {
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
+            // The version after it must fit the column too.
+            super::fence_i64(super::next_version(name, expected)?)?;
             let expected = super::fence_i64(expected)?;
             let q = if expected == 0 {
                 sqlx::query(REGISTER_CREATE).bind(name.as_str()).bind(value)

@@ -16,6 +16,8 @@ pub(crate) enum Wait {
     Key(Vec<u8>),
     /// Any deletion in the queue (a semaphore waits for permits).
     Any,
+    /// Never: a semaphore key ahead counts this many permits, not ours.
+    Refused(u32),
 }
 
 /// The grant rule over a queue in creation order: what the key at `me`
@@ -23,7 +25,9 @@ pub(crate) enum Wait {
 /// exclusive key, no key ahead; for a read key, no exclusive key ahead; for
 /// permits, only permit keys ahead, taking with it no more than the
 /// permits. `own(i)` is true for keys of the same owner, which never block
-/// it (a writer taking read, one owner's permits).
+/// it (a writer taking read, one owner's permits). A semaphore key behind
+/// one that counts another number of permits is refused (see
+/// `core::machine::grantable`).
 pub(crate) fn waits_for(q: &[(&[u8], Mode)], me: usize, own: impl Fn(usize) -> bool) -> Wait {
     let ahead = (0..me).filter(|&i| !own(i));
     match q[me].1 {
@@ -39,6 +43,9 @@ pub(crate) fn waits_for(q: &[(&[u8], Mode)], me: usize, own: impl Fn(usize) -> b
             let mut used = u64::from(take);
             for (i, (key, mode)) in q[..me].iter().enumerate() {
                 match mode {
+                    Mode::Permits { max: theirs, .. } if *theirs != max => {
+                        return Wait::Refused(*theirs);
+                    }
                     Mode::Permits { take, .. } => used += u64::from(*take),
                     _ if own(i) => {}
                     _ => return Wait::Key(key.to_vec()),
@@ -170,6 +177,8 @@ mod tests {
         let q2 = q(&[("s/1", p(2)), ("s/2", p(1)), ("s/3", p(1))]);
         assert_eq!(waits_for(&q2, 1, none), Wait::Granted);
         assert_eq!(waits_for(&q2, 2, none), Wait::Any);
+        let q3 = q(&[("s/1", p(1)), ("s/2", Mode::Permits { take: 1, max: 5 })]);
+        assert_eq!(waits_for(&q3, 1, none), Wait::Refused(3));
         // An owner's own keys never block it.
         assert_eq!(waits_for(&q1, 2, |i| i < 2), Wait::Granted);
         let owners = [Some("a".to_owned()), None, Some("a".to_owned()), None];

@@ -18,8 +18,8 @@
 //!
 //! # Waking waiters without polling
 //!
-//! Each client binds a Unix datagram socket in Linux's abstract namespace
-//! (no file to clean up). A blocked acquirer records that address in
+//! Each client binds a Unix datagram socket (in Linux's abstract namespace:
+//! no file to clean up; elsewhere a file in the temporary directory). A blocked acquirer records that address in
 //! `fenced_waiters` in the same transaction that found the lock busy; a
 //! release (or an expiry noticed by anyone) sends the lock name to the
 //! oldest waiting address after it commits. A crashed holder sends nothing, so a
@@ -36,11 +36,11 @@
 //! the file and never fall below the wall clock in microseconds.
 
 use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Ticket,
+    Attempt, Backend, Blocked, BoxFuture, DEFAULT_TIMEOUT, HoldRef, HolderInfo, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Ticket,
 };
 use crate::core::acquire::QUEUE_TTL;
-use crate::core::machine::{Held, grantable, next_token};
+use crate::core::machine::{Held, grantable, next_token, permits_differ};
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -87,7 +87,7 @@ CREATE TABLE IF NOT EXISTS fenced_registers (
 const PURGE_HOLDS: &str = "DELETE FROM fenced_holds WHERE name = ?1 AND expires_ms <= ?2";
 const PURGE_WAITERS: &str = "DELETE FROM fenced_waiters WHERE name = ?1 AND expires_ms <= ?2";
 const SELECT_HOLDS: &str =
-    "SELECT owner, mode, take, max, token, expires_ms FROM fenced_holds WHERE name = ?1";
+    "SELECT hold_id, owner, mode, take, max, token, expires_ms FROM fenced_holds WHERE name = ?1";
 const MY_TICKET: &str = "SELECT ticket FROM fenced_waiters WHERE ticket = ?1 AND name = ?2";
 const FAIR_AHEAD: &str =
     "SELECT EXISTS (SELECT 1 FROM fenced_waiters WHERE name = ?1 AND fair = 1 AND ticket < ?2)";
@@ -161,7 +161,10 @@ impl SqliteBackend {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(10));
+            // No longer than a request may take: a writer that holds the
+            // file longer makes the attempt fail (and retry while the
+            // caller's deadline allows) rather than wait on.
+            .busy_timeout(DEFAULT_TIMEOUT);
         let cannot = |e: sqlx::Error| {
             Error::unavailable(format!(
                 "cannot open the SQLite lock file {}: {e}",
@@ -219,6 +222,13 @@ impl SqliteBackend {
             .await
             .map_err(db)?;
         let holds = rows.iter().map(hold_row).collect::<Result<Vec<_>>>()?;
+        // A retry of an attempt whose commit went through but whose answer
+        // was lost: the grant stands (as the Redis script has it).
+        if let Some(h) = holds.iter().find(|h| h.hold_id == req.hold_id) {
+            let token = h.token;
+            tx.commit().await.map_err(db)?;
+            return Ok((Outcome::granted(token), changed));
+        }
         let mine: Option<Ticket> = match req.ticket {
             Some(t) => q(MY_TICKET)
                 .bind(t)
@@ -244,7 +254,10 @@ impl SqliteBackend {
             owner_key: &h.owner,
             mode: h.mode,
         });
-        let outcome = if grantable(held, &req.owner_key, req.mode, req.fair, queued_ahead) {
+        let decision = grantable(held, &req.owner_key, req.mode, req.fair, queued_ahead);
+        let outcome = if let Err(theirs) = decision {
+            Outcome::Refused(permits_differ(name, theirs, req.mode.permits().1))
+        } else if decision == Ok(true) {
             let last: Option<i64> = q(LAST_TOKEN)
                 .bind(name)
                 .fetch_optional(&mut *c)
@@ -282,7 +295,7 @@ impl SqliteBackend {
                 // The next fair waiter may be grantable now (readers in a row).
                 changed |= req.fair;
             }
-            Outcome::Granted { token }
+            Outcome::granted(token)
         } else {
             let expires = now + ms(QUEUE_TTL);
             let ticket = match (mine, req.will_wait) {
@@ -372,6 +385,7 @@ fn is_busy(e: &sqlx::Error) -> bool {
 }
 
 struct HoldRow {
+    hold_id: String,
     owner: String,
     mode: Mode,
     token: u64,
@@ -385,6 +399,7 @@ fn hold_row(r: &sqlx::sqlite::SqliteRow) -> Result<HoldRow> {
     let mode = Mode::from_code(code, take as u32, max as u32)
         .ok_or_else(|| Error::protocol(format!("fenced_holds has an unknown mode {code}")))?;
     Ok(HoldRow {
+        hold_id: r.try_get("hold_id").map_err(db)?,
         owner: r.try_get("owner").map_err(db)?,
         mode,
         token: r.try_get::<i64, _>("token").map_err(db)? as u64,
@@ -439,7 +454,7 @@ impl Backend for SqliteBackend {
         })
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(async move {
             let now = now_ms();
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
@@ -452,11 +467,17 @@ impl Backend for SqliteBackend {
                     .execute(&mut *tx)
                     .await
                     .map_err(db)?;
-                out.push(r.rows_affected() == 1);
+                out.push(Renewal::from(r.rows_affected() == 1));
             }
             tx.commit().await.map_err(db)?;
             Ok(out)
         })
+    }
+
+    fn identity(&self) -> String {
+        // The file, whatever path led to it.
+        let file = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
+        format!("sqlite://{}", file.display())
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
@@ -605,6 +626,8 @@ impl Backend for SqliteBackend {
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
+            // The version after it must fit the column too.
+            super::fence_i64(super::next_version(name, expected)?)?;
             let expected = super::fence_i64(expected)?;
             let r = if expected == 0 {
                 q(REGISTER_CREATE).bind(name.as_str()).bind(value)
@@ -650,15 +673,26 @@ impl std::fmt::Debug for SqliteBackend {
 
 /// Datagram wake-ups between processes (see the module docs). Written by
 /// hand: no crate offers cross-process notification for SQLite.
+///
+/// On Linux the sockets live in the abstract namespace (no file to clean
+/// up, and every user of the host can reach them); elsewhere (macOS, the
+/// BSDs) they are files in the temporary directory, removed when the
+/// client closes, and a process of another user may not be able to reach
+/// them: its waiters then find the lock free by their timed re-check.
 mod wake {
     use crate::core::wake::Wakeups;
     use crate::error::{Error, Result};
+    use std::os::unix::net::UnixDatagram;
     use std::sync::Arc;
 
     pub(super) struct Endpoint {
         addr: String,
-        sender: std::os::unix::net::UnixDatagram,
+        sender: UnixDatagram,
         task: tokio::task::JoinHandle<()>,
+    }
+
+    fn fail(e: std::io::Error) -> Error {
+        Error::unavailable(format!("cannot bind a wake-up socket: {e}")).with_source(e)
     }
 
     #[cfg(target_os = "linux")]
@@ -667,19 +701,34 @@ mod wake {
         std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
     }
 
+    #[cfg(not(target_os = "linux"))]
+    fn socket_addr(name: &str) -> std::io::Result<std::os::unix::net::SocketAddr> {
+        std::os::unix::net::SocketAddr::from_pathname(name)
+    }
+
+    /// A fresh address, and the socket bound to it.
+    #[cfg(target_os = "linux")]
+    fn bind() -> Result<(String, UnixDatagram)> {
+        let addr = format!("fenced/{}", uuid::Uuid::new_v4().simple());
+        let sock = UnixDatagram::bind_addr(&socket_addr(&addr).map_err(fail)?).map_err(fail)?;
+        Ok((addr, sock))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn bind() -> Result<(String, UnixDatagram)> {
+        // Short: a socket path has room for about 100 bytes on macOS.
+        let id = &uuid::Uuid::new_v4().simple().to_string()[..16];
+        let path = std::env::temp_dir().join(format!("fenced-{id}.sock"));
+        let sock = UnixDatagram::bind(&path).map_err(fail)?;
+        Ok((path.display().to_string(), sock))
+    }
+
     impl Endpoint {
-        #[cfg(target_os = "linux")]
         pub(super) fn bind(wakeups: Arc<Wakeups>) -> Result<Self> {
-            let addr = format!("fenced/{}", uuid::Uuid::new_v4().simple());
-            let fail = |e: std::io::Error| {
-                Error::unavailable(format!("cannot bind a wake-up socket: {e}")).with_source(e)
-            };
-            let sock =
-                std::os::unix::net::UnixDatagram::bind_addr(&socket_addr(&addr).map_err(fail)?)
-                    .map_err(fail)?;
+            let (addr, sock) = bind()?;
             sock.set_nonblocking(true).map_err(fail)?;
             let sock = tokio::net::UnixDatagram::from_std(sock).map_err(fail)?;
-            let sender = std::os::unix::net::UnixDatagram::unbound().map_err(fail)?;
+            let sender = UnixDatagram::unbound().map_err(fail)?;
             sender.set_nonblocking(true).map_err(fail)?;
             let task = tokio::spawn(async move {
                 let mut buf = vec![0u8; 4096];
@@ -724,6 +773,8 @@ mod wake {
     impl Drop for Endpoint {
         fn drop(&mut self) {
             self.task.abort();
+            #[cfg(not(target_os = "linux"))]
+            let _ = std::fs::remove_file(&self.addr);
         }
     }
 }

@@ -40,14 +40,16 @@
 use super::queue::{Wait, decode_register, encode_register, grants, register_cas, waits_for};
 use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Ticket, lease_runs_out, lock,
+    RegisterValue, Renewal, Ticket, lease_runs_out, lock,
 };
+use crate::core::hold::{Bound, believed_until};
+use crate::core::machine::permits_differ;
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::url::Endpoints;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -122,6 +124,15 @@ struct OwnNode {
     session: u64,
     deadline: Mutex<Option<watch::Sender<Instant>>>,
     watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Set before its create goes out: from then on a node may exist that
+    /// `child` does not name yet (the reply was lost, or its future was
+    /// dropped), found again by its protected id.
+    create_sent: AtomicBool,
+    /// A later hold of this client on the same name was granted while
+    /// this one held exclusively (one owner taking read beside its
+    /// write): its token is higher, so this release must not overwrite
+    /// the last-token record blindly.
+    later_sibling: AtomicBool,
 }
 
 impl Drop for OwnNode {
@@ -146,6 +157,13 @@ impl Drop for ZkBackend {
 struct Inner {
     /// The live session's client, and its number (bumped per session).
     zk: Mutex<(zk::Client, u64)>,
+    /// The session the bound is of, and until when the server is known to
+    /// keep it: the send time of the last request it answered, plus the
+    /// negotiated session timeout, less the drift holds allow for. Every
+    /// node of the session is believed no longer than this.
+    bound: Mutex<(u64, watch::Sender<Instant>)>,
+    /// `zk://` and the hosts, sorted, and the chroot.
+    identity: String,
     connect: String,
     session_timeout: Duration,
     digest: Option<String>,
@@ -213,11 +231,17 @@ impl ZkBackend {
             format!("/{}", ep.path.trim_end_matches('/'))
         };
         let connect = format!("{}{chroot}", hosts.join(","));
+        let mut sorted: Vec<String> = hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
+        sorted.sort();
+        sorted.dedup();
+        let identity = format!("zk://{}{chroot}", sorted.join(","));
+        let dialed = Instant::now();
+        let first = Inner::dial(&connect, session_timeout, &digest, &label).await?;
+        let bound = believed_until(dialed, first.session_timeout());
         let inner = Inner {
-            zk: Mutex::new((
-                Inner::dial(&connect, session_timeout, &digest, &label).await?,
-                1,
-            )),
+            zk: Mutex::new((first, 1)),
+            bound: Mutex::new((1, watch::Sender::new(bound))),
+            identity,
             connect,
             session_timeout,
             digest,
@@ -256,10 +280,12 @@ fn redact_digest(url: &str) -> String {
     format!("{}***{}", &url[..user_end], &url[value_end..])
 }
 
-/// Opens a new session when the current one ends, and wakes every waiter.
+/// Opens a new session when the current one ends, and wakes every waiter;
+/// keeps each session's bound while it lives (see [`heartbeat`]).
 async fn monitor(inner: Arc<Inner>) {
     loop {
         let (z, number) = lock(&inner.zk).clone();
+        let beat = tokio::spawn(heartbeat(inner.clone(), z.clone(), number));
         let mut states = z.state_watcher();
         loop {
             let s = states.changed().await;
@@ -268,13 +294,16 @@ async fn monitor(inner: Arc<Inner>) {
             }
             inner.wakeups.bump_all();
         }
+        beat.abort();
+        inner.end_session(number);
         tracing::warn!(
             session = number,
             "ZooKeeper session ended; its holds are lost, opening a new one"
         );
         inner.wakeups.bump_all();
         let mut pause = Duration::from_millis(100);
-        let fresh = loop {
+        let (fresh, dialed) = loop {
+            let dialed = Instant::now();
             match Inner::dial(
                 &inner.connect,
                 inner.session_timeout,
@@ -283,7 +312,7 @@ async fn monitor(inner: Arc<Inner>) {
             )
             .await
             {
-                Ok(c) => break c,
+                Ok(c) => break (c, dialed),
                 Err(_) => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(2));
@@ -291,12 +320,54 @@ async fn monitor(inner: Arc<Inner>) {
             }
         };
         let n = inner.sessions.fetch_add(1, Ordering::AcqRel) + 1;
+        let until = believed_until(dialed, fresh.session_timeout());
+        *lock(&inner.bound) = (n, watch::Sender::new(until));
         *lock(&inner.zk) = (fresh, n);
         inner.wakeups.bump_all();
     }
 }
 
+/// Asks the server about the session's root every quarter of the
+/// negotiated session timeout, and moves the session's bound to the send
+/// time of each answered request plus that timeout: the server expires a
+/// session it has not heard from for that long, and heard this request no
+/// earlier than it was sent. (The client's own pings would do, but it does
+/// not say when it last heard one.)
+async fn heartbeat(inner: Arc<Inner>, z: zk::Client, number: u64) {
+    let timeout = z.session_timeout();
+    let period = (timeout / 4).max(Duration::from_millis(50));
+    loop {
+        let sent = Instant::now();
+        if let Ok(Ok(_)) = tokio::time::timeout(period * 2, z.check_stat("/")).await {
+            let b = lock(&inner.bound);
+            if b.0 == number {
+                b.1.send_replace(believed_until(sent, timeout));
+            }
+        }
+        tokio::time::sleep_until(sent + period).await;
+    }
+}
+
 impl Inner {
+    /// The bound of session `number`: the live one's, or one already run
+    /// out if that session has ended.
+    fn bound_of(&self, number: u64) -> Bound {
+        let b = lock(&self.bound);
+        if b.0 == number {
+            b.1.subscribe()
+        } else {
+            watch::channel(Instant::now()).1
+        }
+    }
+
+    /// Session `number` has ended: its holds are lost now.
+    fn end_session(&self, number: u64) {
+        let b = lock(&self.bound);
+        if b.0 == number {
+            b.1.send_replace(Instant::now());
+        }
+    }
+
     async fn dial(
         connect: &str,
         session_timeout: Duration,
@@ -372,9 +443,33 @@ impl Inner {
             session,
             deadline: Mutex::new(None),
             watcher: Mutex::new(None),
+            create_sent: AtomicBool::new(false),
+            later_sibling: AtomicBool::new(false),
         });
         nodes.insert(req.hold_id.clone(), own.clone());
         own
+    }
+
+    /// The node of `own` among `dir`'s children by its protected id, if
+    /// a create of it went through; adopted as `own`'s child.
+    async fn find_protected(&self, z: &zk::Client, dir: &str, own: &OwnNode) -> Result<bool> {
+        let children = match z.list_children(dir).await {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => return Ok(false),
+            Err(e) => return Err(self.err(e)),
+        };
+        let Some(c) = children.into_iter().find(|c| c.starts_with(&own.protect)) else {
+            return Ok(false);
+        };
+        if let Some(stat) = z
+            .check_stat(&format!("{dir}/{c}"))
+            .await
+            .map_err(|e| self.err(e))?
+        {
+            *lock(&own.czxid) = stat.czxid;
+        }
+        *lock(&own.child) = Some(c);
+        Ok(true)
     }
 
     fn owner_of(&self, name: &LockName, child: &str) -> Option<String> {
@@ -399,6 +494,7 @@ impl Inner {
     ) -> Result<Option<Vec<String>>> {
         let prefix = format!("{dir}/{}{}", own.protect, marker(req.mode, req.rw));
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        own.create_sent.store(true, Ordering::Release);
         let created = z.create(&prefix, b"", &opts);
         let listed = z.list_children(dir);
         let (created, listed) = tokio::join!(created, listed);
@@ -443,17 +539,7 @@ impl Inner {
                 Err(zk::Error::ConnectionLoss) => {
                     // Did the create happen? Curator's protected mode: look
                     // for our id among the children.
-                    if let Ok(children) = z.list_children(dir).await
-                        && let Some(c) = children.into_iter().find(|c| c.starts_with(&own.protect))
-                    {
-                        if let Some(stat) = z
-                            .check_stat(&format!("{dir}/{c}"))
-                            .await
-                            .map_err(|e| self.err(e))?
-                        {
-                            *lock(&own.czxid) = stat.czxid;
-                        }
-                        *lock(&own.child) = Some(c);
+                    if self.find_protected(z, dir, own).await.unwrap_or(false) {
                         return Ok(());
                     }
                 }
@@ -470,6 +556,12 @@ impl Inner {
         let dir = Self::path_of(&req.name)?;
         let z = self.client();
         let own = self.own_node(req);
+        // An earlier try's create may have gone through with its answer
+        // lost (it timed out, or its future was dropped): adopt that node
+        // rather than queue a second one behind it.
+        if lock(&own.child).is_none() && own.create_sent.load(Ordering::Acquire) {
+            self.find_protected(&z, &dir, &own).await?;
+        }
         let listed = if lock(&own.child).is_none() {
             self.create_and_list(&z, &dir, &own, req).await?
         } else {
@@ -508,6 +600,7 @@ impl Inner {
                 }
                 let (tx, rx) = watch::channel(Instant::now() + req.lease);
                 *lock(&own.deadline) = Some(tx);
+                self.mark_earlier_holds(&own, token);
                 let me = self.clone();
                 let id = req.hold_id.clone();
                 tokio::spawn(async move {
@@ -516,7 +609,18 @@ impl Inner {
                 });
                 Ok(Outcome::Granted {
                     token: token as u64,
+                    session: Some(self.bound_of(own.session)),
                 })
+            }
+            Wait::Refused(theirs) => {
+                self.end_patiently(&req.hold_id, super::queue::TRIES_WAITED_ON)
+                    .await;
+                let ours = req.mode.permits().1;
+                Ok(Outcome::Refused(permits_differ(
+                    req.name.as_str(),
+                    theirs,
+                    ours,
+                )))
             }
             _ if !req.will_wait => {
                 self.end_patiently(&req.hold_id, super::queue::TRIES_WAITED_ON)
@@ -566,12 +670,37 @@ impl Inner {
         }
     }
 
+    /// Exclusive holds of this client on `own`'s name granted before it
+    /// (lower tokens) learn that a later hold exists, so their releases
+    /// do not overwrite its token in the last-token record.
+    fn mark_earlier_holds(&self, own: &OwnNode, token: i64) {
+        for o in lock(&self.nodes).values() {
+            if o.name == own.name
+                && o.exclusive
+                && lock(&o.deadline).is_some()
+                && *lock(&o.czxid) < token
+            {
+                o.later_sibling.store(true, Ordering::Release);
+            }
+        }
+    }
+
     /// Deletes the node of `hold_id` and forgets it; whether it was still
     /// there. On an error the node is kept, to try again.
     async fn end(&self, hold_id: &str) -> Result<bool> {
         let Some(own) = lock(&self.nodes).get(hold_id).cloned() else {
             return Ok(false);
         };
+        // A create that went out without its answer (dropped, timed out,
+        // failed oddly) may have made a node: find it by its protected id,
+        // or it would head the queue, unnamed, until the session ends.
+        if lock(&own.child).is_none()
+            && own.create_sent.load(Ordering::Acquire)
+            && own.session == self.session()
+        {
+            let dir = Self::path_of(&own.name)?;
+            self.find_protected(&self.client(), &dir, &own).await?;
+        }
         let child = lock(&own.child).clone();
         let granted = lock(&own.deadline).is_some();
         let mut was = false;
@@ -582,8 +711,9 @@ impl Inner {
             let token = *lock(&own.czxid) as u64;
             let z = self.client();
             let mut recorded = false;
-            if granted && own.exclusive {
-                // Exclusive holders of a name release in token order, so
+            if granted && own.exclusive && !own.later_sibling.load(Ordering::Acquire) {
+                // Exclusive holders of a name release in token order (but
+                // for a later hold of this client's own, marked above), so
                 // one multi deletes the node and overwrites the record:
                 // a release in one round trip. If either op fails (the
                 // node is gone, the record is not there yet) nothing is
@@ -695,7 +825,7 @@ impl Backend for ZkBackend {
         Box::pin(self.inner.attempt(req))
     }
 
-    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(async move {
             let inner = &self.inner;
             let session = inner.session();
@@ -704,26 +834,32 @@ impl Backend for ZkBackend {
                 let z = z.clone();
                 async move {
                     let Some(own) = lock(&inner.nodes).get(&r.hold_id).cloned() else {
-                        return Ok(false);
+                        return Renewal::Gone;
                     };
                     let child = lock(&own.child).clone();
                     let (Some(child), true) = (child, own.session == session) else {
-                        return Ok(false);
+                        return Renewal::Gone;
                     };
-                    let path = format!("{}/{child}", Inner::path_of(&own.name)?);
-                    let stat = z.check_stat(&path).await.map_err(|e| inner.err(e))?;
+                    let Ok(dir) = Inner::path_of(&own.name) else {
+                        return Renewal::Gone;
+                    };
+                    // One hold's failed look says nothing of the others'.
+                    let Ok(stat) = z.check_stat(&format!("{dir}/{child}")).await else {
+                        return Renewal::Unknown;
+                    };
                     let here = stat.is_some_and(|s| s.czxid == *lock(&own.czxid));
                     if here && let Some(d) = lock(&own.deadline).as_ref() {
                         d.send_replace(Instant::now() + r.lease);
                     }
-                    Ok(here)
+                    Renewal::from(here)
                 }
             });
-            futures_util::future::join_all(checks)
-                .await
-                .into_iter()
-                .collect()
+            Ok(futures_util::future::join_all(checks).await)
         })
+    }
+
+    fn identity(&self) -> String {
+        self.inner.identity.clone()
     }
 
     fn ownership(&self, hold: &HoldRef) -> Option<crate::guard::Ownership> {
@@ -893,7 +1029,10 @@ impl Backend for ZkBackend {
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(self.inner.meta_cas(REGISTERS, name, move |old| {
             let seen = old.map_or(0, |(_, f)| f);
-            Ok((seen == expected).then(|| (value.to_vec(), expected + 1)))
+            if seen != expected {
+                return Ok(None);
+            }
+            Ok(Some((value.to_vec(), super::next_version(name, expected)?)))
         }))
     }
 

@@ -2,14 +2,16 @@
 //! with reentrancy, timeouts, transient-error retries and cleanup when the
 //! caller goes away.
 
-use crate::backend::{Attempt, BoxFuture, Mode, Outcome};
+use crate::backend::{Attempt, Backend, BoxFuture, Mode, Outcome};
 use crate::client::ClientInner;
-use crate::core::hold::Hold;
+use crate::core::hold::{Grant, Hold};
 use crate::core::worker::Job;
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::lock::Lock;
+use crate::owner::Owner;
 use crate::retry::RetryPolicy;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -27,11 +29,21 @@ pub(crate) enum Wait {
     Until(Option<Instant>),
 }
 
+/// A try at a grant, running in a task of its own: a caller that goes away
+/// while it is on its way drops only its wait for the answer, never the
+/// request half-sent, and the withdrawal learns what it did (a grant, a
+/// queue place) before undoing it. Without this a withdrawal could reach
+/// the server before the grant it withdraws (the two go on different
+/// connections, or gRPC streams), and the grant would stay.
+pub(crate) type InFlight = tokio::task::JoinHandle<Result<Outcome>>;
+
 /// Withdraws an attempt whose caller went away: its queue place, and the
 /// grant it may have won while the caller was no longer listening.
 struct Cleanup<'a> {
     inner: &'a Arc<ClientInner>,
     attempt: Option<Attempt>,
+    /// Tries still on their way (one, or more after a timeout).
+    in_flight: Vec<InFlight>,
 }
 
 impl Cleanup<'_> {
@@ -47,7 +59,61 @@ impl Drop for Cleanup<'_> {
                 name: a.name,
                 ticket: a.ticket,
                 hold_id: a.hold_id,
+                after: std::mem::take(&mut self.in_flight),
             });
+        }
+    }
+}
+
+/// One try of `attempt`, in a task of its own (see [`InFlight`]), tried
+/// again on transient errors under `policy` but never past `deadline`;
+/// a try with no answer within `limit` is given up (it goes on, and the
+/// cleanup waits for it if the caller goes away).
+async fn attempt_with_retry(
+    policy: &RetryPolicy,
+    deadline: Option<Instant>,
+    limit: Duration,
+    backend: &Arc<dyn Backend>,
+    attempt: &Attempt,
+    cleanup: &mut Cleanup<'_>,
+) -> Result<Outcome> {
+    let started = Instant::now();
+    let mut retry = 0;
+    loop {
+        let (b, a) = (backend.clone(), attempt.clone());
+        cleanup
+            .in_flight
+            .push(tokio::spawn(async move { b.attempt(&a).await }));
+        let handle = cleanup.in_flight.last_mut().expect("just pushed");
+        let result = match tokio::time::timeout(limit, handle).await {
+            Ok(joined) => {
+                cleanup.in_flight.pop();
+                joined.unwrap_or_else(|e| {
+                    Err(Error::unavailable(format!(
+                        "an attempt did not finish: {e}"
+                    )))
+                })
+            }
+            Err(_) => Err(Error::unavailable(format!(
+                "the {} backend did not answer within {limit:?}",
+                backend.scheme()
+            ))),
+        };
+        match result {
+            Ok(outcome) => return Ok(outcome),
+            Err(e) if e.is_transient() => {
+                let Some(delay) = policy.delay(retry, started.elapsed()) else {
+                    return Err(e);
+                };
+                let resume = Instant::now().checked_add(delay);
+                if deadline.is_some_and(|d| resume.is_none_or(|r| r >= d)) {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, retry, ?delay, "backend unavailable; retrying");
+                tokio::time::sleep(delay).await;
+                retry += 1;
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -58,32 +124,47 @@ pub(crate) async fn run(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
     run_inner(lock, wait).instrument(span).await
 }
 
+/// A fresh identity for one acquisition: its hold id, and its owner key
+/// (the named owner's, or, by default, one of its own).
+fn identity(inner: &ClientInner, named: Option<&Owner>) -> (String, String) {
+    let hold_id = uuid::Uuid::new_v4().simple().to_string();
+    let owner_key = match named {
+        Some(o) => inner.owner_key(o),
+        // Every acquisition its own owner: the hold id is unique already.
+        None => format!("{}:{hold_id}", inner.id),
+    };
+    (hold_id, owner_key)
+}
+
 async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
     let inner = &lock.client.inner;
-    let owner = lock.opts.owner.as_ref().unwrap_or(&inner.owner);
-    let owner_key = inner.owner_key(owner);
-    if lock.mode.is_reentrant() {
+    let named = lock.opts.owner.clone().or_else(Owner::current);
+    let reentrant = named.is_some() && lock.mode.is_reentrant();
+    let (hold_id, owner_key) = identity(inner, named.as_ref());
+    if reentrant {
         if let Some(hold) = inner.holds.join(&lock.name, &owner_key, lock.mode) {
             tracing::debug!(token = hold.token, count = hold.count(), "re-entered");
             return Ok(Some(Guard::new(hold, inner.clone())));
         }
         if lock.mode == Mode::Exclusive && inner.holds.holds(&lock.name, &owner_key, Mode::Shared) {
             return Err(Error::invalid(format!(
-                "owner {owner} holds read on {:?}; upgrading to write could deadlock with \
+                "owner {} holds read on {:?}; upgrading to write could deadlock with \
                  another upgrading reader: release the read hold first",
+                named.as_ref().map_or("", |o| o.id()),
                 lock.name.as_str()
             )));
         }
     }
     let backend = &inner.backend;
+    let timeout = backend.request_timeout();
     let deadline = match wait {
         Wait::No => Some(Instant::now()),
         Wait::Until(d) => d,
     };
     let mut attempt = Attempt {
         name: lock.name.clone(),
-        owner_key: owner_key.clone(),
-        hold_id: uuid::Uuid::new_v4().simple().to_string(),
+        owner_key,
+        hold_id,
         mode: lock.mode,
         rw: lock.rw,
         lease: lock.opts.lease.duration(),
@@ -97,6 +178,7 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
     let mut cleanup = Cleanup {
         inner,
         attempt: None,
+        in_flight: Vec::new(),
     };
     let mut waiting_since = None;
     loop {
@@ -106,8 +188,8 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
         // hold at the next wake-up. Our queue place, if any, is withdrawn
         // by the cleanup.
         if waiting_since.is_some()
-            && lock.mode.is_reentrant()
-            && let Some(hold) = inner.holds.join(&lock.name, &owner_key, lock.mode)
+            && reentrant
+            && let Some(hold) = inner.holds.join(&lock.name, &attempt.owner_key, lock.mode)
         {
             tracing::debug!(
                 token = hold.token,
@@ -118,14 +200,54 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
         }
         let seen = interest.as_ref().map(|i| i.version());
         cleanup.attempt = Some(attempt.clone());
+        // The lease counts from here: a retry that finds the grant of an
+        // earlier try whose reply was lost gets that grant, whose lease
+        // began then.
         let sent = Instant::now();
-        let outcome = with_retry(&lock.opts.retry, deadline, || backend.attempt(&attempt)).await?;
+        let outcome = attempt_with_retry(
+            &lock.opts.retry,
+            deadline,
+            timeout,
+            backend,
+            &attempt,
+            &mut cleanup,
+        )
+        .await?;
         match outcome {
-            Outcome::Granted { token } => {
+            Outcome::Granted { token, session } => {
+                let hold = Hold::new(Grant {
+                    r: attempt.hold_ref(),
+                    owner_key: attempt.owner_key.clone(),
+                    mode: lock.mode,
+                    token,
+                    sent,
+                    session,
+                    reentrant,
+                    worker: inner.worker(),
+                });
+                if !hold.is_held() {
+                    // The reply came after the lease (or the session) it
+                    // granted had run out: a slow round, a busy server. A
+                    // guard must never start out lost: give it back, and
+                    // try again while the caller's deadline allows.
+                    inner.send(Job::Release(hold.r.clone()));
+                    cleanup.disarm();
+                    let took = sent.elapsed();
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(Error::unavailable(format!(
+                            "lock {:?} was granted, but the answer took {took:?}, past the \
+                             lease of {:?} it granted; give the lock a longer lease",
+                            lock.name.as_str(),
+                            attempt.lease
+                        )));
+                    }
+                    tracing::debug!(?took, "granted past its own lease; trying again");
+                    (attempt.hold_id, attempt.owner_key) = identity(inner, named.as_ref());
+                    attempt.ticket = None;
+                    continue;
+                }
                 cleanup.disarm();
-                let r = attempt.hold_ref();
                 let renewed = lock.opts.lease.is_renewed();
-                let hold = Hold::new(r, owner_key, lock.mode, token, sent);
                 let waited = waiting_since.map(|t: Instant| t.elapsed());
                 return Ok(Some(match inner.holds.insert(hold.clone()) {
                     Ok(hold) => {
@@ -138,10 +260,18 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                     Err(existing) => {
                         // Another task of this owner won the same lock at
                         // the same time: nest into its hold, give ours back.
+                        hold.set_released();
                         inner.send(Job::Release(hold.r.clone()));
                         Guard::new(existing, inner.clone())
                     }
                 }));
+            }
+            Outcome::Refused(why) => {
+                // An earlier queue place, if any, is withdrawn by the cleanup.
+                if attempt.ticket.is_none() {
+                    cleanup.disarm();
+                }
+                return Err(Error::invalid(why));
             }
             Outcome::Busy(blocked) => {
                 attempt.ticket = blocked.ticket;
@@ -154,8 +284,13 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                 if deadline.is_some_and(|d| d <= now) {
                     // Withdraw now rather than in the background, so that
                     // what this caller does next finds no trace of the wait.
-                    if let Some(a) = cleanup.attempt.take() {
-                        let _ = backend.abandon(&a.name, a.ticket, &a.hold_id).await;
+                    // The cleanup stays armed meanwhile: a caller that goes
+                    // away during the withdrawal still has it done.
+                    if let Some(a) = cleanup.attempt.as_ref() {
+                        let withdraw = backend.abandon(&a.name, a.ticket, &a.hold_id);
+                        if bounded(timeout, backend.scheme(), withdraw).await.is_ok() {
+                            cleanup.disarm();
+                        }
                     }
                     return Ok(None);
                 }
@@ -177,6 +312,24 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
     }
 }
 
+/// `f`, failing as [`Unavailable`](crate::ErrorKind::Unavailable) if the
+/// backend does not answer within `limit`: no request waits for ever on a
+/// server that stopped answering.
+pub(crate) fn bounded<'a, T: Send + 'a>(
+    limit: Duration,
+    scheme: &'static str,
+    f: impl Future<Output = Result<T>> + Send + 'a,
+) -> BoxFuture<'a, Result<T>> {
+    Box::pin(async move {
+        match tokio::time::timeout(limit, f).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::unavailable(format!(
+                "the {scheme} backend did not answer within {limit:?}"
+            ))),
+        }
+    })
+}
+
 /// Runs `f`, retrying transient errors under `policy` but never past `deadline`.
 pub(crate) async fn with_retry<'a, T>(
     policy: &RetryPolicy,
@@ -192,7 +345,8 @@ pub(crate) async fn with_retry<'a, T>(
                 let Some(delay) = policy.delay(retry, started.elapsed()) else {
                     return Err(e);
                 };
-                if deadline.is_some_and(|d| Instant::now() + delay >= d) {
+                let resume = Instant::now().checked_add(delay);
+                if deadline.is_some_and(|d| resume.is_none_or(|r| r >= d)) {
                     return Err(e);
                 }
                 tracing::warn!(error = %e, retry, ?delay, "backend unavailable; retrying");

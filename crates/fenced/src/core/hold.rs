@@ -14,15 +14,25 @@
 //! must fire before the backend can give the lock to another, not just
 //! after. The torture suite's partition fault measured a 1 ms overlap
 //! without it.
+//!
+//! A hold on a session (an etcd lease, a ZooKeeper session, a database
+//! connection holding an advisory lock) is bounded by a second clock: the
+//! server keeps the key, node or lock only as long as the session lives,
+//! and the session may end long before the hold's own lease (a 10 s
+//! session under a 30 s lease, the defaults). Such a hold carries the
+//! session's [`Bound`], which the backend moves forward with each
+//! keep-alive the server confirms; the hold is believed only until the
+//! earlier of the two.
 
 use crate::backend::{HoldRef, Mode};
+use crate::core::worker::Job;
 use crate::name::LockName;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 /// Why a hold was lost.
@@ -35,6 +45,11 @@ pub enum LostReason {
     /// The backend no longer names this holder: a renewal found the hold
     /// gone (expired and taken, or broken by an operator).
     Taken,
+    /// The session that keeps the hold on the server (an etcd lease, a
+    /// ZooKeeper session, the database connection of an advisory lock)
+    /// may have ended: no keep-alive was confirmed within its timeout, so
+    /// the server may already have given the lock to another.
+    SessionExpired,
 }
 
 impl std::fmt::Display for LostReason {
@@ -42,6 +57,9 @@ impl std::fmt::Display for LostReason {
         f.write_str(match self {
             LostReason::Expired => "lease expired without a confirmed renewal",
             LostReason::Taken => "the backend no longer holds it for us",
+            LostReason::SessionExpired => {
+                "the session holding it went unconfirmed past its timeout"
+            }
         })
     }
 }
@@ -52,15 +70,42 @@ pub(crate) struct HoldState {
     pub(crate) lost: Option<LostReason>,
 }
 
+/// Until when a session is believed to live on the server (see the module
+/// docs): the backend moves it forward with each confirmed keep-alive, and
+/// back to the present when it knows the session is gone.
+pub(crate) type Bound = watch::Receiver<Instant>;
+
+/// What the acquire loop knows of a grant when it makes a [`Hold`].
+pub(crate) struct Grant {
+    pub(crate) r: HoldRef,
+    pub(crate) owner_key: String,
+    pub(crate) mode: Mode,
+    pub(crate) token: u64,
+    /// When the attempt that won it was sent.
+    pub(crate) sent: Instant,
+    /// The session that keeps it, if any.
+    pub(crate) session: Option<Bound>,
+    /// Whether other acquisitions of its owner may nest into it.
+    pub(crate) reentrant: bool,
+    /// Where a lost hold's release goes: once lost, the hold is not ours
+    /// by our own reckoning, and what is left of it on the server would
+    /// only keep others waiting.
+    pub(crate) worker: mpsc::UnboundedSender<Job>,
+}
+
 /// One grant from the backend, shared by its nested guards.
 pub(crate) struct Hold {
     pub(crate) r: HoldRef,
     pub(crate) owner_key: String,
     pub(crate) mode: Mode,
     pub(crate) token: u64,
+    /// Whether other acquisitions may nest into it (an owner was named).
+    pub(crate) reentrant: bool,
     count: AtomicU32,
     released: AtomicBool,
     state: watch::Sender<HoldState>,
+    session: Option<Bound>,
+    worker: mpsc::UnboundedSender<Job>,
 }
 
 /// Until when a grant or renewal sent at `sent` for `lease` is believed:
@@ -71,25 +116,22 @@ pub(crate) fn believed_until(sent: Instant, lease: Duration) -> Instant {
 }
 
 impl Hold {
-    pub(crate) fn new(
-        r: HoldRef,
-        owner_key: String,
-        mode: Mode,
-        token: u64,
-        sent: Instant,
-    ) -> Arc<Hold> {
-        let deadline = believed_until(sent, r.lease);
+    pub(crate) fn new(g: Grant) -> Arc<Hold> {
+        let deadline = believed_until(g.sent, g.r.lease);
         Arc::new(Hold {
-            r,
-            owner_key,
-            mode,
-            token,
+            reentrant: g.reentrant && g.mode.is_reentrant(),
+            r: g.r,
+            owner_key: g.owner_key,
+            mode: g.mode,
+            token: g.token,
             count: AtomicU32::new(1),
             released: AtomicBool::new(false),
             state: watch::Sender::new(HoldState {
                 deadline,
                 lost: None,
             }),
+            session: g.session,
+            worker: g.worker,
         })
     }
 
@@ -113,19 +155,45 @@ impl Hold {
         *self.state.borrow()
     }
 
-    /// Believed held: not released, not lost, deadline not passed.
+    /// Until when the session keeps the hold, if it is on one.
+    fn session_until(&self) -> Option<Instant> {
+        self.session.as_ref().map(|s| *s.borrow())
+    }
+
+    /// The earliest moment the server could give the hold away: its
+    /// lease, or its session's end if that comes first.
+    pub(crate) fn believed_until(&self) -> Instant {
+        let d = self.state().deadline;
+        self.session_until().map_or(d, |s| s.min(d))
+    }
+
+    /// Believed held: not released, not lost, and neither the lease nor
+    /// the session has run out.
     pub(crate) fn is_held(&self) -> bool {
-        let s = self.state();
-        !self.is_released() && s.lost.is_none() && Instant::now() < s.deadline
+        !self.is_released() && self.state().lost.is_none() && Instant::now() < self.believed_until()
+    }
+
+    /// Why the hold counts as lost by the clock alone, if it does: its
+    /// session ran out, or its lease did.
+    pub(crate) fn ran_out(&self) -> Option<LostReason> {
+        let now = Instant::now();
+        if self.session_until().is_some_and(|s| s <= now) {
+            Some(LostReason::SessionExpired)
+        } else if self.state().deadline <= now {
+            Some(LostReason::Expired)
+        } else {
+            None
+        }
     }
 
     /// The renewal sent at `sent` was confirmed.
     pub(crate) fn confirm(&self, sent: Instant) {
         let lease = self.r.lease;
+        let session_over = self.session_until().is_some_and(|u| u <= Instant::now());
         self.state.send_if_modified(|s| {
             // A confirmation that arrives after the deadline passed cannot
             // revive the hold: someone may have taken it in between.
-            if s.lost.is_some() || Instant::now() >= s.deadline {
+            if s.lost.is_some() || Instant::now() >= s.deadline || session_over {
                 return false;
             }
             let d = believed_until(sent, lease);
@@ -149,24 +217,42 @@ impl Hold {
         });
         if fired && !self.is_released() {
             tracing::warn!(lock = %self.r.name, token = self.token, %reason, "lock lost");
+            let _ = self.worker.send(Job::Release(self.r.clone()));
         }
     }
 
     /// Resolves when the hold is lost; never, once it is released.
     pub(crate) async fn lost(self: Arc<Self>) -> LostReason {
         let mut rx = self.state.subscribe();
+        let mut session = self.session.clone();
         loop {
             let s = *rx.borrow_and_update();
             if let Some(reason) = s.lost {
                 return reason;
             }
+            let until = match session.as_mut() {
+                Some(b) => s.deadline.min(*b.borrow_and_update()),
+                None => s.deadline,
+            };
+            let session_moved = async {
+                match session.as_mut() {
+                    Some(b) => {
+                        if b.changed().await.is_err() {
+                            // The backend dropped the session's clock: it
+                            // will move no more, so its last word stands.
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                _ = tokio::time::sleep_until(s.deadline) => {
+                _ = tokio::time::sleep_until(until) => {
                     if self.is_released() {
                         std::future::pending::<()>().await;
                     }
-                    if self.state().deadline <= Instant::now() {
-                        self.mark_lost(LostReason::Expired);
+                    if let Some(reason) = self.ran_out() {
+                        self.mark_lost(reason);
                     }
                 }
                 changed = rx.changed() => {
@@ -174,16 +260,17 @@ impl Hold {
                         std::future::pending::<()>().await;
                     }
                 }
+                _ = session_moved => {}
             }
         }
     }
 
     pub(crate) fn lease_left(&self) -> Duration {
-        let s = self.state();
-        if s.lost.is_some() {
+        if self.state().lost.is_some() {
             return Duration::ZERO;
         }
-        s.deadline.saturating_duration_since(Instant::now())
+        self.believed_until()
+            .saturating_duration_since(Instant::now())
     }
 
     /// The renewal period: a third of the lease (Redisson's 30 s / 10 s).
@@ -231,7 +318,7 @@ impl HoldTable {
     /// meanwhile (two tasks of one owner acquired at once), nests into it
     /// and returns it as `Err`: the caller must give the new grant back.
     pub(crate) fn insert(&self, hold: Arc<Hold>) -> Result<Arc<Hold>, Arc<Hold>> {
-        if !hold.mode.is_reentrant() {
+        if !hold.reentrant {
             return Ok(hold);
         }
         let mut map = self.map();
@@ -246,16 +333,17 @@ impl HoldTable {
 
     /// One guard of `hold` goes away; true when it was the last.
     pub(crate) fn leave(&self, hold: &Arc<Hold>) -> bool {
+        if !hold.reentrant {
+            return hold.count.fetch_sub(1, Ordering::AcqRel) == 1;
+        }
         let mut map = self.map();
         let left = hold.count.fetch_sub(1, Ordering::AcqRel) - 1;
         if left > 0 {
             return false;
         }
-        if hold.mode.is_reentrant() {
-            let k = key(&hold.r.name, &hold.owner_key, hold.mode);
-            if map.get(&k).is_some_and(|h| Arc::ptr_eq(h, hold)) {
-                map.remove(&k);
-            }
+        let k = key(&hold.r.name, &hold.owner_key, hold.mode);
+        if map.get(&k).is_some_and(|h| Arc::ptr_eq(h, hold)) {
+            map.remove(&k);
         }
         true
     }

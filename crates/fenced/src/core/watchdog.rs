@@ -4,10 +4,13 @@
 //! earliest is due, the task takes every hold due within a quarter of its
 //! own interval and renews them in one backend call per 1,000 holds (one
 //! transaction, pipeline or script), so 100,000 leases cost a few calls per
-//! tick, not 100,000 timers. The task exits when nothing is scheduled and
-//! is started again by the next hold.
+//! tick, not 100,000 timers. The calls run concurrently, each in a task of
+//! its own and bounded by the request timeout, so a slow one never keeps
+//! the schedule from the next: a short-lease hold due meanwhile is renewed
+//! on time. The task exits when nothing is scheduled and is started again
+//! by the next hold.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Renewal};
 use crate::core::hold::{Hold, LostReason};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -46,6 +49,11 @@ impl Watchdog {
     /// Starts renewing `hold` one interval from now.
     pub(crate) fn watch(self: &Arc<Self>, hold: Arc<Hold>) {
         let at = Instant::now() + hold.renew_interval();
+        self.schedule(hold, at);
+    }
+
+    /// Renews `hold` at `at`, starting the task if it is not running.
+    fn schedule(self: &Arc<Self>, hold: Arc<Hold>, at: Instant) {
         let (spawn, wake) = {
             let mut s = self.sched();
             let earliest = s.queue.keys().next().map(|k| k.0);
@@ -64,13 +72,6 @@ impl Watchdog {
         } else if wake {
             self.notify.notify_one();
         }
-    }
-
-    fn schedule(&self, hold: Arc<Hold>, at: Instant) {
-        let mut s = self.sched();
-        s.seq += 1;
-        let seq = s.seq;
-        s.queue.insert((at, seq), hold);
     }
 
     /// Takes the due batch, or says how long to sleep; `None` = nothing left.
@@ -117,50 +118,52 @@ impl Watchdog {
             };
             let (live, expired): (Vec<_>, Vec<_>) = batch.into_iter().partition(|h| h.is_held());
             for h in expired {
-                h.mark_lost(LostReason::Expired);
+                h.mark_lost(h.ran_out().unwrap_or(LostReason::Expired));
             }
             for chunk in live.chunks(BATCH) {
-                self.renew(chunk).await;
+                let (me, chunk) = (self.clone(), chunk.to_vec());
+                tokio::spawn(async move { me.renew(&chunk).await });
             }
         }
     }
 
-    async fn renew(&self, holds: &[Arc<Hold>]) {
+    async fn renew(self: &Arc<Self>, holds: &[Arc<Hold>]) {
         let refs: Vec<_> = holds.iter().map(|h| h.r.clone()).collect();
         let sent = Instant::now();
-        // A renewal that takes longer than the shortest lease is useless.
+        // A renewal that takes longer than the shortest lease is useless,
+        // and one past the request timeout is given up and tried again.
         let limit = holds
             .iter()
             .map(|h| h.lease_left())
             .min()
             .unwrap_or(Duration::ZERO)
+            .min(self.backend.request_timeout())
             .max(Duration::from_millis(1));
-        match tokio::time::timeout(limit, self.backend.renew(&refs)).await {
-            Ok(Ok(results)) => {
-                for (h, still) in holds.iter().zip(results) {
-                    if still {
-                        h.confirm(sent);
-                        tracing::trace!(lock = %h.r.name, token = h.token, "renewed");
-                        self.schedule(h.clone(), sent + h.renew_interval());
-                    } else {
-                        h.mark_lost(LostReason::Taken);
-                    }
-                }
-            }
+        let results = match tokio::time::timeout(limit, self.backend.renew(&refs)).await {
+            Ok(Ok(results)) if results.len() == holds.len() => results,
             failed => {
                 let why = match failed {
                     Ok(Err(e)) => e.to_string(),
-                    _ => format!("no answer within {limit:?}"),
+                    Ok(Ok(r)) => format!("{} answers for {} holds", r.len(), holds.len()),
+                    Err(_) => format!("no answer within {limit:?}"),
                 };
                 tracing::warn!(holds = holds.len(), error = %why, "lease renewal failed; retrying");
-                for h in holds {
-                    if h.is_held() {
-                        let retry = (h.renew_interval() / 3).min(h.lease_left());
-                        self.schedule(h.clone(), Instant::now() + retry);
-                    } else {
-                        h.mark_lost(LostReason::Expired);
-                    }
+                vec![Renewal::Unknown; holds.len()]
+            }
+        };
+        for (h, renewal) in holds.iter().zip(results) {
+            match renewal {
+                Renewal::Held => {
+                    h.confirm(sent);
+                    tracing::trace!(lock = %h.r.name, token = h.token, "renewed");
+                    self.schedule(h.clone(), sent + h.renew_interval());
                 }
+                Renewal::Gone => h.mark_lost(LostReason::Taken),
+                Renewal::Unknown if h.is_held() => {
+                    let retry = (h.renew_interval() / 3).min(h.lease_left());
+                    self.schedule(h.clone(), Instant::now() + retry);
+                }
+                Renewal::Unknown => h.mark_lost(h.ran_out().unwrap_or(LostReason::Expired)),
             }
         }
     }

@@ -1,18 +1,30 @@
 //! The background queue that guards' `Drop` and cancelled acquisitions
 //! feed: `Drop` never blocks and never does I/O; it hands the release here.
+//!
+//! Jobs run concurrently (up to [`CONCURRENCY`] at once), each try bounded
+//! by the backend's request timeout, so one release stuck on a server
+//! that does not answer never holds up the others.
 
-use crate::backend::{Backend, HoldRef, Ticket};
+use crate::backend::{Backend, HoldRef, Outcome, Ticket};
+use crate::core::acquire::InFlight;
 use crate::name::LockName;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinSet;
+
+/// Jobs in flight at once; more wait their turn.
+const CONCURRENCY: usize = 64;
 
 pub(crate) enum Job {
     Release(HoldRef),
+    /// Withdraw an attempt whose caller went away, once the tries it had
+    /// on their way (`after`) are done: what they won or queued goes too.
     Abandon {
         name: LockName,
         ticket: Option<Ticket>,
         hold_id: String,
+        after: Vec<InFlight>,
     },
     /// Answers once every job sent before it is done.
     Flush(oneshot::Sender<()>),
@@ -22,40 +34,85 @@ pub(crate) enum Job {
 pub(crate) fn spawn(backend: Arc<dyn Backend>) -> mpsc::UnboundedSender<Job> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
     tokio::spawn(async move {
-        while let Some(job) = rx.recv().await {
-            match job {
-                Job::Release(r) => {
-                    let res = retry_a_little(|| backend.release(&r)).await;
-                    match res {
-                        Ok(_) => tracing::debug!(lock = %r.name, "released in background"),
-                        Err(e) if e.is_transient() => {
-                            tracing::warn!(lock = %r.name, error = %e,
-                                "background release failed; trying on while the session lives");
-                            backend.release_later(r);
-                        }
-                        Err(e) => tracing::warn!(lock = %r.name, error = %e,
-                            "background release failed; the lease will free the lock"),
+        let slots = Arc::new(Semaphore::new(CONCURRENCY));
+        let mut running = JoinSet::new();
+        loop {
+            tokio::select! {
+                job = rx.recv() => match job {
+                    None => break,
+                    Some(Job::Flush(done)) => {
+                        // The jobs sent before the flush are the ones running.
+                        let before = std::mem::take(&mut running);
+                        tokio::spawn(async move {
+                            before.join_all().await;
+                            let _ = done.send(());
+                        });
                     }
-                }
-                Job::Abandon {
-                    name,
-                    ticket,
-                    hold_id,
-                } => {
-                    if let Err(e) =
-                        retry_a_little(|| backend.abandon(&name, ticket, &hold_id)).await
-                    {
-                        tracing::warn!(lock = %name, error = %e,
-                            "could not withdraw a cancelled acquisition; its lease will");
+                    Some(job) => {
+                        let (backend, slots) = (backend.clone(), slots.clone());
+                        running.spawn(async move {
+                            let Ok(_slot) = slots.acquire_owned().await else { return };
+                            run(&*backend, job).await;
+                        });
                     }
-                }
-                Job::Flush(done) => {
-                    let _ = done.send(());
-                }
+                },
+                Some(_) = running.join_next(), if !running.is_empty() => {}
             }
         }
+        while running.join_next().await.is_some() {}
     });
     tx
+}
+
+async fn run(backend: &dyn Backend, job: Job) {
+    let limit = backend.request_timeout();
+    let scheme = backend.scheme();
+    match job {
+        Job::Release(r) => {
+            let res = retry_a_little(|| {
+                crate::core::acquire::bounded(limit, scheme, backend.release(&r))
+            })
+            .await;
+            match res {
+                Ok(_) => tracing::debug!(lock = %r.name, "released in background"),
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(lock = %r.name, error = %e,
+                        "background release failed; trying on while the session lives");
+                    backend.release_later(r);
+                }
+                Err(e) => tracing::warn!(lock = %r.name, error = %e,
+                    "background release failed; the lease will free the lock"),
+            }
+        }
+        Job::Abandon {
+            name,
+            mut ticket,
+            hold_id,
+            after,
+        } => {
+            for try_ in after {
+                // Its answer tells the queue place it may have taken.
+                if let Ok(Ok(Ok(Outcome::Busy(b)))) = tokio::time::timeout(limit, try_).await {
+                    ticket = b.ticket.or(ticket);
+                }
+            }
+            let res = retry_a_little(|| {
+                crate::core::acquire::bounded(
+                    limit,
+                    scheme,
+                    backend.abandon(&name, ticket, &hold_id),
+                )
+            })
+            .await;
+            if let Err(e) = res {
+                tracing::warn!(lock = %name, error = %e,
+                    "could not withdraw a cancelled acquisition; its lease will");
+            }
+        }
+        Job::Flush(done) => {
+            let _ = done.send(());
+        }
+    }
 }
 
 /// A few quick retries for background clean-up: it must not hang on a dead
@@ -66,10 +123,10 @@ where
 {
     let mut delay = Duration::from_millis(20);
     for _ in 0..4 {
-        match tokio::time::timeout(Duration::from_secs(5), f()).await {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) if !e.is_transient() => return Err(e),
-            _ => {}
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if !e.is_transient() => return Err(e),
+            Err(_) => {}
         }
         tokio::time::sleep(delay).await;
         delay *= 4;

@@ -31,6 +31,35 @@ fn count() {
     ROUND_TRIPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
+impl Conn {
+    /// `WAIT want timeout_ms` for the writes this connection sent: on a
+    /// Cluster, to the master of `key`'s slot alone (the cluster client
+    /// would send it to every master and answer with the fewest replicas
+    /// any shard has, so one unrelated shard would fail every grant).
+    pub(super) async fn wait_replicas(
+        &mut self,
+        key: &str,
+        want: u32,
+        timeout_ms: u64,
+    ) -> redis::RedisResult<i64> {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(want).arg(timeout_ms);
+        match self {
+            Conn::Plain(c) => wait.query_async(c).await,
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                count();
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::with_key(key, SlotAddr::Master),
+                ));
+                Ok(redis::from_redis_value(
+                    c.route_command(wait, route).await?,
+                )?)
+            }
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         count();
@@ -61,15 +90,30 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// One deployment: a cached connection, replaced when it fails.
+/// Which of a deployment's connections a command goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Lane {
+    /// Everything but what follows.
+    Main,
+    /// Grants that `WAIT` for replicas: `WAIT` blocks the connection it is
+    /// sent on until the replicas answer, and counts the writes sent on
+    /// that connection, so a grant and its `WAIT` go together on a
+    /// connection of their own, and renewals on the main one never queue
+    /// behind a `WAIT`.
+    Wait,
+}
+
+/// A cached connection: the connection, its generation, and (under
+/// Sentinel) the number of master switches announced before it was made.
+type Cached = Mutex<Option<(u64, Conn, u64)>>;
+
+/// One deployment: a cached connection per [`Lane`], replaced when it fails.
 pub(super) struct Node {
     pub(super) target: Target,
     pub(super) label: String,
     config: AsyncConnectionConfig,
-    /// The connection, its generation, and (under Sentinel) the number of
-    /// master switches announced before it was made.
-    cached: Mutex<Option<(u64, Conn, u64)>>,
-    connecting: tokio::sync::Mutex<u64>,
+    cached: [Cached; 2],
+    connecting: [tokio::sync::Mutex<u64>; 2],
 }
 
 impl Node {
@@ -81,8 +125,8 @@ impl Node {
             target,
             label,
             config,
-            cached: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(0),
+            cached: [Mutex::new(None), Mutex::new(None)],
+            connecting: [tokio::sync::Mutex::new(0), tokio::sync::Mutex::new(0)],
         }
     }
 
@@ -101,10 +145,12 @@ impl Node {
         }
     }
 
-    /// The cached connection, unless a master switch was announced since
-    /// it was made.
-    fn current(&self) -> Option<(u64, Conn)> {
-        let cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+    /// The cached connection of `lane`, unless a master switch was
+    /// announced since it was made.
+    fn current(&self, lane: Lane) -> Option<(u64, Conn)> {
+        let cached = self.cached[lane as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         match &*cached {
             Some((generation, conn, seen)) if *seen == self.switches_seen() => {
                 Some((*generation, conn.clone()))
@@ -113,21 +159,22 @@ impl Node {
         }
     }
 
-    /// The current connection, made if there is none.
-    pub(super) async fn conn(&self) -> Result<(u64, Conn)> {
-        if let Some(c) = self.current() {
+    /// The current connection of `lane`, made if there is none.
+    async fn conn(&self, lane: Lane) -> Result<(u64, Conn)> {
+        if let Some(c) = self.current(lane) {
             return Ok(c);
         }
-        let mut generation = self.connecting.lock().await;
-        if let Some(c) = self.current() {
+        let mut generation = self.connecting[lane as usize].lock().await;
+        if let Some(c) = self.current(lane) {
             return Ok(c);
         }
         // Read before the lookup: a switch announced during it connects again.
         let seen = self.switches_seen();
         let conn = self.connect().await.map_err(|e| self.error(e))?;
         *generation += 1;
-        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((*generation, conn.clone(), seen));
+        *self.cached[lane as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((*generation, conn.clone(), seen));
         Ok((*generation, conn))
     }
 
@@ -186,12 +233,23 @@ impl Node {
         F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        let (generation, conn) = self.conn().await?;
+        self.run_on(Lane::Main, f).await
+    }
+
+    /// [`run`](Self::run) on the connection of `lane`.
+    pub(super) async fn run_on<T, F, Fut>(&self, lane: Lane, f: F) -> Result<T>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let (generation, conn) = self.conn(lane).await?;
         match f(conn).await {
             Ok(v) => Ok(v),
             Err(e) => {
                 if reconnect_after(&e) {
-                    let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut cached = self.cached[lane as usize]
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
                     if cached.as_ref().is_some_and(|(g, ..)| *g == generation) {
                         *cached = None;
                     }

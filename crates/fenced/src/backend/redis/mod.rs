@@ -34,14 +34,15 @@ mod subscribe;
 
 use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Ticket,
+    RegisterValue, Renewal, Ticket,
 };
 use crate::core::acquire::QUEUE_TTL;
+use crate::core::machine::permits_differ;
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::url::Endpoints;
-use conn::{Conn, Node, Target};
+use conn::{Conn, Lane, Node, Target};
 use redis::Value;
 use scripts::Scripts;
 use std::sync::Arc;
@@ -50,12 +51,15 @@ use subscribe::Subscriber;
 
 const DEFAULT_PORT: u16 = 6379;
 const SENTINEL_PORT: u16 = 26379;
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+use super::DEFAULT_TIMEOUT;
+/// Lua counts in doubles, exact for integers up to 2^53.
+const EXACT_IN_LUA: u64 = 1 << 53;
 /// Holds renewed by one script call on a single server.
 const RENEW_BATCH: usize = 200;
 
 const PARAMS: &[&str] = &[
     "layout",
+    "nat",
     "min_replicas",
     "wait_timeout",
     "timeout",
@@ -135,6 +139,10 @@ fn beside(prefix: &str, name: &str) -> Result<String> {
 
 pub(crate) struct RedisBackend {
     scheme: &'static str,
+    /// Who the deployment is (see `Backend::identity`).
+    identity: String,
+    /// How long one request may take (`timeout=`).
+    timeout: Duration,
     node: Node,
     layout: Layout,
     scripts: Scripts,
@@ -193,6 +201,13 @@ impl RedisBackend {
             .userinfo
             .as_ref()
             .map_or(String::new(), |u| format!("{u}@"));
+        let nat = nat_map(ep)?;
+        if !nat.is_empty() && !matches!(ep.scheme.as_str(), "redis+sentinel" | "redis+cluster") {
+            return Err(Error::invalid(format!(
+                "nat= in {redacted:?}: an address map applies to the addresses Sentinel \
+                 and Cluster announce (redis+sentinel://, redis+cluster://)"
+            )));
+        }
         let (scheme, target) = match ep.scheme.as_str() {
             s @ ("redis" | "rediss") => {
                 if ep.hosts.len() != 1 {
@@ -250,7 +265,7 @@ impl RedisBackend {
                 if let Some(p) = &ep.password {
                     node_info = node_info.set_password(p);
                 }
-                let client = sentinel::Sentinels::new(sentinels, service, node_info, timeout);
+                let client = sentinel::Sentinels::new(sentinels, service, node_info, timeout, nat);
                 ("redis+sentinel", Target::Sentinel(Box::new(client)))
             }
             "redis+cluster" => {
@@ -262,9 +277,19 @@ impl RedisBackend {
                     .map(|u| redis::Client::open(u.as_str()))
                     .collect::<redis::RedisResult<Vec<_>>>()
                     .map_err(client_err)?;
+                let map = nat
+                    .into_iter()
+                    .map(|((h, p), (th, tp))| {
+                        (
+                            redis::cluster::NodeAddress::new(h, p),
+                            redis::cluster::NodeAddress::new(th, tp),
+                        )
+                    })
+                    .collect();
                 let client = redis::cluster::ClusterClient::builder(urls)
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
+                    .node_address_map(map)
                     .build()
                     .map_err(client_err)?;
                 ("redis+cluster", Target::Cluster(Box::new(client), seeds))
@@ -276,8 +301,11 @@ impl RedisBackend {
             }
         };
         let subscriber = Subscriber::new(wakeups.clone());
+        let identity = identity_of(scheme, ep);
         Ok(RedisBackend {
             scheme,
+            identity,
+            timeout,
             node: Node::new(target, redacted, timeout),
             layout,
             scripts: Scripts::new(layout == Layout::Simple),
@@ -324,7 +352,9 @@ impl RedisBackend {
         matches!(self.node.target, Target::Cluster(..))
     }
 
-    /// One acquire script run.
+    /// One acquire script run. With `min_replicas`, a grant counts only
+    /// once that many replicas have it (`WAIT`, on the same connection as
+    /// the script: see [`Lane::Wait`]); otherwise it is given back.
     async fn acquire_once(&self, req: &Attempt, k: &Keys) -> Result<Outcome> {
         let field = match self.layout {
             Layout::Redisson => &req.owner_key,
@@ -334,9 +364,12 @@ impl RedisBackend {
         let (take, max) = req.mode.permits();
         let ticket = req.ticket.map(|t| t.to_string()).unwrap_or_default();
         let lease = ms(req.lease);
-        let reply: Vec<i64> = self
+        let want = self.min_replicas;
+        let lane = if want > 0 { Lane::Wait } else { Lane::Main };
+        let wait_ms = ms(self.wait_timeout);
+        let (reply, replicas): (Vec<i64>, Option<i64>) = self
             .node
-            .run(|mut c| async move {
+            .run_on(lane, |mut c| async move {
                 let mut inv = self.scripts.acquire.prepare_invoke();
                 for key in k.lock_keys() {
                     inv.key(key);
@@ -354,13 +387,36 @@ impl RedisBackend {
                     .arg(ms(QUEUE_TTL))
                     .arg(u8::from(self.queue_waiters))
                     .arg(&req.owner_key);
-                inv.invoke_async(&mut c).await
+                let reply: Vec<i64> = inv.invoke_async(&mut c).await?;
+                let replicas = if want > 0 && reply.first() == Some(&1) {
+                    Some(c.wait_replicas(&k.lock, want, wait_ms).await?)
+                } else {
+                    None
+                };
+                Ok((reply, replicas))
             })
             .await?;
         match reply.as_slice() {
-            [1, token] => Ok(Outcome::Granted {
-                token: *token as u64,
-            }),
+            [1, token] => {
+                if let Some(got) = replicas
+                    && got < i64::from(want)
+                {
+                    let r = req.hold_ref();
+                    let _ = self.release_inner(&r).await;
+                    return Err(Error::unavailable(format!(
+                        "only {got} of the {want} replicas asked for (min_replicas) confirmed \
+                         the grant of {:?} within {:?}; it was given back",
+                        req.name.as_str(),
+                        self.wait_timeout
+                    )));
+                }
+                Ok(Outcome::granted(*token as u64))
+            }
+            [-2, theirs] => Ok(Outcome::Refused(permits_differ(
+                req.name.as_str(),
+                *theirs as u32,
+                max,
+            ))),
             [0, ticket, soonest] => Ok(Outcome::Busy(Blocked {
                 ticket: (*ticket >= 0).then_some(*ticket as Ticket),
                 retry_after: (*soonest >= 0).then(|| Duration::from_millis(*soonest as u64)),
@@ -372,8 +428,8 @@ impl RedisBackend {
         }
     }
 
-    /// The attempt as a single-server lock: the script, a subscription
-    /// before waiting, and `WAIT` for replicas if asked.
+    /// The attempt as a single-server lock: the script, and a subscription
+    /// before waiting.
     async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
         let k = self.checked_keys(req)?;
         let mut outcome = self.acquire_once(req, &k).await?;
@@ -395,11 +451,6 @@ impl RedisBackend {
             }
             outcome = self.acquire_once(&again, &k).await?;
         }
-        if let Outcome::Granted { .. } = outcome
-            && self.min_replicas > 0
-        {
-            self.wait_for_replicas(req).await?;
-        }
         Ok(outcome)
     }
 
@@ -412,34 +463,6 @@ impl RedisBackend {
             )));
         }
         Keys::of(&req.name)
-    }
-
-    /// `WAIT min_replicas`: the grant must reach that many replicas before
-    /// it counts, narrowing what a failover can lose.
-    async fn wait_for_replicas(&self, req: &Attempt) -> Result<()> {
-        let want = self.min_replicas;
-        let timeout = ms(self.wait_timeout);
-        let got: i64 = self
-            .node
-            .run(|mut c| async move {
-                redis::cmd("WAIT")
-                    .arg(want)
-                    .arg(timeout)
-                    .query_async(&mut c)
-                    .await
-            })
-            .await?;
-        if got < i64::from(want) {
-            let r = req.hold_ref();
-            let _ = self.release_inner(&r).await;
-            return Err(Error::unavailable(format!(
-                "only {got} of the {want} replicas asked for (min_replicas) confirmed the grant \
-                 of {:?} within {:?}; it was given back",
-                req.name.as_str(),
-                self.wait_timeout
-            )));
-        }
-        Ok(())
     }
 
     async fn release_inner(&self, hold: &HoldRef) -> Result<bool> {
@@ -458,7 +481,7 @@ impl RedisBackend {
         Ok(n == 1)
     }
 
-    async fn renew_inner(&self, holds: &[HoldRef]) -> Result<Vec<bool>> {
+    async fn renew_inner(&self, holds: &[HoldRef]) -> Result<Vec<Renewal>> {
         let keys = holds
             .iter()
             .map(|h| Keys::of(&h.name))
@@ -479,7 +502,7 @@ impl RedisBackend {
         let replies = futures_util::future::join_all(calls).await;
         let mut out = Vec::with_capacity(holds.len());
         for r in replies {
-            out.extend(r?.into_iter().map(|v| v == 1));
+            out.extend(r?.into_iter().map(|v| Renewal::from(v == 1)));
         }
         Ok(out)
     }
@@ -626,6 +649,12 @@ impl RedisBackend {
         expected: u64,
         value: &[u8],
     ) -> Result<bool> {
+        if expected >= EXACT_IN_LUA {
+            return Err(Error::invalid(format!(
+                "version {expected} of {:?} is beyond what Redis counts exactly (2^53)",
+                name.as_str()
+            )));
+        }
         let k = Keys::of(name)?;
         let n: i64 = self
             .node
@@ -643,6 +672,12 @@ impl RedisBackend {
     }
 
     async fn register_decrement_inner(&self, name: &LockName, by: i64) -> Result<Option<i64>> {
+        if by.unsigned_abs() > EXACT_IN_LUA {
+            return Err(Error::invalid(format!(
+                "cannot decrement {:?} by {by}: beyond what Redis counts exactly (2^53)",
+                name.as_str()
+            )));
+        }
         let k = Keys::of(name)?;
         self.node
             .run(|mut c| async move {
@@ -657,7 +692,7 @@ impl RedisBackend {
             .map_err(|e| {
                 if e.to_string().contains("FENCED_NOT_INTEGER") {
                     Error::protocol(format!(
-                        "register {:?} does not hold a decimal integer",
+                        "register {:?} does not hold a decimal integer Redis counts exactly (at most 2^53 either way)",
                         name.as_str()
                     ))
                 } else {
@@ -665,6 +700,62 @@ impl RedisBackend {
                 }
             })
     }
+}
+
+/// An address as `host:port`.
+type Addr = (String, u16);
+
+/// The `nat=ANNOUNCED=REACHABLE` parameters (Redisson's `natMapper`): the
+/// address a Sentinel or Cluster node announces, and the one this client
+/// reaches it at, for servers behind NAT, in containers, or behind a
+/// proxy. Each side is `host:port`.
+fn nat_map(ep: &mut Endpoints) -> Result<Vec<(Addr, Addr)>> {
+    let redacted = ep.redacted().to_owned();
+    let addr = |s: &str| -> Option<Addr> {
+        let (h, p) = s.rsplit_once(':')?;
+        let h = h.trim_start_matches('[').trim_end_matches(']');
+        Some((h.to_owned(), p.parse().ok().filter(|p| *p > 0)?))
+    };
+    ep.take_all("nat")
+        .into_iter()
+        .map(|v| {
+            v.split_once('=')
+                .and_then(|(a, b)| Some((addr(a)?, addr(b)?)))
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "nat={v:?} in {redacted:?}: write it as ANNOUNCED=REACHABLE, each \
+                         host:port (e.g. nat=10.0.0.5:6379=127.0.0.1:7001)"
+                    ))
+                })
+        })
+        .collect()
+}
+
+/// The deployment's identity: the scheme (TLS or not, it is one server),
+/// the hosts in a stable order with their ports, and the database or
+/// Sentinel service; no credentials, no tuning.
+fn identity_of(scheme: &str, ep: &Endpoints) -> String {
+    let mut hosts: Vec<String> = (0..ep.hosts.len())
+        .map(|i| ep.addr(i).to_ascii_lowercase())
+        .collect();
+    hosts.sort();
+    hosts.dedup();
+    let scheme = scheme.replace("rediss", "redis");
+    let path = ep.path.trim_matches('/');
+    let path = match scheme.as_str() {
+        "redis" => {
+            let db: i64 = path.parse().unwrap_or(0);
+            db.to_string()
+        }
+        "redis+sentinel" => {
+            let mut parts = path.splitn(2, '/');
+            let service = parts.next().unwrap_or("");
+            let db: i64 = parts.next().and_then(|d| d.parse().ok()).unwrap_or(0);
+            format!("{service}/{db}")
+        }
+        _ => String::new(),
+    };
+    format!("{scheme}://{}/{path}", hosts.join(","))
 }
 
 /// Whole milliseconds, at least 1.
@@ -685,8 +776,16 @@ impl Backend for RedisBackend {
         Box::pin(self.attempt_inner(req))
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(self.renew_inner(holds))
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn identity(&self) -> String {
+        self.identity.clone()
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {

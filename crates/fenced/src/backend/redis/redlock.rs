@@ -24,7 +24,7 @@
 use super::{PARAMS, RedisBackend};
 use crate::backend::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Ticket,
+    RegisterValue, Renewal, Ticket,
 };
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
@@ -39,48 +39,72 @@ use tokio::time::Instant;
 /// so one dead master does not eat the validity of a grant.
 const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// Takes the per-master `timeout=` from a `redlock://` URL (else
+/// [`NODE_TIMEOUT`]); refuses what does not apply to RedLock's masters,
+/// which have no replicas to wait for.
+fn node_timeout(ep: &mut Endpoints) -> Result<Duration> {
+    for key in ["min_replicas", "wait_timeout"] {
+        if ep.take(key).is_some() {
+            return Err(Error::invalid(format!(
+                "{key} does not apply to redlock:// (its masters have no replicas in \
+                 RedLock's model)"
+            )));
+        }
+    }
+    let t = ep.take_duration("timeout")?.unwrap_or(NODE_TIMEOUT);
+    if t.is_zero() {
+        return Err(Error::invalid(
+            "timeout=0 in a redlock:// URL: it must be positive",
+        ));
+    }
+    Ok(t)
+}
+
 pub(crate) struct RedLockBackend {
     nodes: Vec<RedisBackend>,
     wakeups: Arc<Wakeups>,
+    /// Each master's request timeout.
+    node_timeout: Duration,
+    identity: String,
 }
 
 impl RedLockBackend {
     pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
-        let ep = Endpoints::parse(url, super::DEFAULT_PORT)?;
+        let mut ep = Endpoints::parse(url, super::DEFAULT_PORT)?;
         if !ep.path.is_empty() {
             return Err(Error::invalid(format!(
                 "{:?}: a redlock:// URL has no path (every master uses database 0)",
                 ep.redacted()
             )));
         }
+        let node_timeout = node_timeout(&mut ep)?;
         let wakeups = Arc::new(Wakeups::default());
         let creds = ep
             .userinfo
             .as_ref()
             .map_or(String::new(), |u| format!("{u}@"));
-        let query = url.split_once('?').map_or("", |(_, q)| q);
+        // What is left of the query applies to every master (`layout=`).
+        let rest = ep.rest_query();
         let mut nodes = Vec::new();
         for i in 0..ep.hosts.len() {
-            let one = format!("redis://{creds}{}?{query}", ep.addr(i));
+            let one = format!(
+                "redis://{creds}{}?timeout={}ms&{rest}",
+                ep.addr(i),
+                node_timeout.as_millis(),
+            );
             let mut node_ep = Endpoints::parse(&one, super::DEFAULT_PORT)?;
-            if node_ep.take("min_replicas").is_some() {
-                return Err(Error::invalid(
-                    "min_replicas does not apply to redlock:// (its masters have no replicas \
-                     in RedLock's model)",
-                ));
-            }
-            if !one.contains("timeout=") {
-                node_ep = Endpoints::parse(
-                    &format!("{one}&timeout={}ms", NODE_TIMEOUT.as_millis()),
-                    super::DEFAULT_PORT,
-                )?;
-            }
             let mut node = RedisBackend::from_endpoints(&mut node_ep, wakeups.clone())?;
             node.queue_waiters = false;
             node_ep.finish(PARAMS)?;
             nodes.push(node);
         }
-        let backend = RedLockBackend { nodes, wakeups };
+        let identity = super::identity_of("redlock", &ep);
+        let backend = RedLockBackend {
+            nodes,
+            wakeups,
+            node_timeout,
+            identity,
+        };
         // Every master must answer at start: a typo in one address should
         // not hide behind the quorum.
         for r in join_all(backend.nodes.iter().map(|n| n.check())).await {
@@ -110,11 +134,13 @@ impl RedLockBackend {
         let drift = req.lease / 100 + Duration::from_millis(2);
         let valid = req.lease.checked_sub(elapsed + drift).is_some();
         let mut granted = Vec::new();
+        let mut refused = None;
         let mut errors = Vec::new();
         let mut soonest: Option<Duration> = None;
         for (i, r) in replies.into_iter().enumerate() {
             match r {
-                Ok(Outcome::Granted { token }) => granted.push((i, token)),
+                Ok(Outcome::Granted { token, .. }) => granted.push((i, token)),
+                Ok(Outcome::Refused(why)) => refused = Some(why),
                 Ok(Outcome::Busy(b)) => {
                     soonest = match (soonest, b.retry_after) {
                         (Some(a), Some(b)) => Some(a.min(b)),
@@ -123,6 +149,10 @@ impl RedLockBackend {
                 }
                 Err(e) => errors.push(e),
             }
+        }
+        if let Some(why) = refused {
+            self.give_back(req, &granted).await;
+            return Ok(Outcome::Refused(why));
         }
         if granted.len() >= self.quorum() && valid {
             let token = granted.iter().map(|(_, t)| *t).max().unwrap_or(0);
@@ -133,7 +163,7 @@ impl RedLockBackend {
             )
             .await;
             if raised.iter().filter(|r| r.is_ok()).count() >= self.quorum() {
-                return Ok(Outcome::Granted { token });
+                return Ok(Outcome::granted(token));
             }
             self.give_back(req, &granted).await;
             return Err(Error::unavailable(format!(
@@ -213,15 +243,41 @@ impl Backend for RedLockBackend {
         Box::pin(self.attempt_inner(req))
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<bool>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(async move {
-            let per_node = self.on_all(|n| n.renew_inner(holds)).await?;
+            let per_node = join_all(self.nodes.iter().map(|n| n.renew_inner(holds))).await;
             Ok((0..holds.len())
                 .map(|i| {
-                    per_node.iter().filter(|v| v.get(i) == Some(&true)).count() >= self.quorum()
+                    let said = |r: Renewal| {
+                        per_node
+                            .iter()
+                            .filter(|v| v.as_ref().is_ok_and(|v| v.get(i) == Some(&r)))
+                            .count()
+                    };
+                    let held = said(Renewal::Held);
+                    // Masters that did not answer might still hold it: the
+                    // hold is gone only when a majority says so.
+                    let gone = said(Renewal::Gone);
+                    if held >= self.quorum() {
+                        Renewal::Held
+                    } else if gone > self.nodes.len() - self.quorum() {
+                        Renewal::Gone
+                    } else {
+                        Renewal::Unknown
+                    }
                 })
                 .collect())
         })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        // A round: every master at once, then the token raised on the
+        // majority, with room for both.
+        self.node_timeout * 4
+    }
+
+    fn identity(&self) -> String {
+        self.identity.clone()
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
@@ -309,5 +365,29 @@ impl Backend for RedLockBackend {
         by: i64,
     ) -> BoxFuture<'a, Result<Option<i64>>> {
         Box::pin(self.nodes[0].register_decrement_inner(name, by))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeout_of(url: &str) -> Result<Duration> {
+        node_timeout(&mut Endpoints::parse(url, 6379)?)
+    }
+
+    /// `timeout=` sets the per-master timeout; a `wait_timeout=` (which
+    /// has "timeout=" in it) neither sets it nor passes unnoticed.
+    #[test]
+    fn timeouts_are_parsed_by_name() {
+        assert_eq!(timeout_of("redlock://a,b,c").unwrap(), NODE_TIMEOUT);
+        assert_eq!(
+            timeout_of("redlock://a,b,c?timeout=2s").unwrap(),
+            Duration::from_secs(2)
+        );
+        let e = timeout_of("redlock://a,b,c?wait_timeout=2s").unwrap_err();
+        assert!(e.to_string().contains("wait_timeout"), "{e}");
+        assert!(timeout_of("redlock://a,b,c?min_replicas=1").is_err());
+        assert!(timeout_of("redlock://a,b,c?timeout=0").is_err());
     }
 }

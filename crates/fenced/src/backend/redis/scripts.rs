@@ -31,6 +31,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local function fmt(n) return string.format('%.0f', n) end
 
+-- How soon waiters look again at a holder whose key has no expiry.
+local FOREIGN_RECHECK_MS = 2000
+
 local function parse(id, v)
   local f, m, tk, mx, tok, exp = string.match(v, '^(.*)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
   return {id = id, field = f, mode = tonumber(m), take = tonumber(tk), max = tonumber(mx),
@@ -86,8 +89,12 @@ local function load()
   for _, f in ipairs(owners) do
     if not mine[f] and (not changed or redis.call('HEXISTS', lock, f) == 1) then
       ttl = ttl or redis.call('PTTL', lock)
+      -- A foreign hash with no expiry (a client that sets none, or an
+      -- operator's HSET): no lease to wait for, so look again in 2 s, as
+      -- the simple layout does, rather than at once, again and again.
+      if ttl < 0 then ttl = FOREIGN_RECHECK_MS end
       table.insert(live, {id = '', field = f, mode = 0, take = 0, max = 0, token = 0,
-                          exp = now + math.max(ttl, 0)})
+                          exp = now + ttl})
     end
   end
   return live, changed
@@ -135,7 +142,7 @@ local function load()
     table.insert(live, h)
   else
     local ttl = redis.call('PTTL', lock)
-    if ttl < 0 then ttl = 2000 end
+    if ttl < 0 then ttl = FOREIGN_RECHECK_MS end
     table.insert(live, {id = '', field = cur, mode = 0, take = 0, max = 0, token = 0, exp = now + ttl})
   end
   return live, false
@@ -200,15 +207,19 @@ local function member_of(ticket)
   return redis.call('ZRANGEBYSCORE', queue, ticket, ticket, 'LIMIT', 0, 1)[1]
 end
 
+-- true, false, or nil and the holders' count of permits when a semaphore
+-- request counts another number than its holders (refused).
 local function grantable(live, field, mode, take, max)
-  local used = 0
+  local used, conflict = 0, false
   for _, h in ipairs(live) do
+    if h.mode == 2 and mode == 2 and h.max ~= max then return nil, h.max end
     if h.mode == 2 and mode == 2 then used = used + h.take
-    elseif h.mode == 2 or mode == 2 then return false
+    elseif h.mode == 2 or mode == 2 then conflict = true
     elseif h.field == field then
     elseif h.mode == 1 and mode == 1 then
-    else return false end
+    else conflict = true end
   end
+  if conflict then return false end
   if mode == 2 then return used + take <= max end
   return true
 end
@@ -218,7 +229,9 @@ end
 /// wait, ticket (or ""), channel, queue ttl ms, whether unfair waiters
 /// queue too ('1'; RedLock's masters do not: its tickets are per master),
 /// the owner whose channel wakes this waiter.
-/// Returns `{1, token}` or `{0, ticket or -1, ms until the first lease ends or -1}`.
+/// Returns `{1, token}`, `{0, ticket or -1, ms until the first lease ends or
+/// -1}`, or `{-2, permits}` when a semaphore request counts another number
+/// of permits than the semaphore's holders.
 const ACQUIRE: &str = r#"
 local field, id, mode, take, max = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local lease, fair, wait, ticket = tonumber(ARGV[6]), ARGV[7] == '1', ARGV[8] == '1', ARGV[9]
@@ -244,7 +257,12 @@ if fair or ticket ~= '' or queued then
   if ahead and not fair then ahead = redis.call('ZSCORE', qexp, '~handoff') ~= false end
 end
 
-if ahead or not grantable(live, field, mode, take, max) then
+local ok, theirs = grantable(live, field, mode, take, max)
+if ok == nil then
+  if changed then wake(channel) end
+  return {-2, theirs}
+end
+if ahead or not ok then
   local tk = -1
   if wait and (fair or queued) then
     if mine then tk = tonumber(ticket) else
@@ -442,12 +460,15 @@ return out
 }
 
 /// Fenced register write. KEYS: register. ARGV: fence (or "" for none), value.
+/// Fences are compared as decimal strings, not Lua numbers: a double holds
+/// integers exactly only up to 2^53, and a token above it must still be
+/// told from its neighbours.
 const REGISTER_WRITE: &str = r#"
 if ARGV[1] ~= '' then
-  local f = tonumber(redis.call('HGET', KEYS[1], 'f') or '0') or 0
-  local want = tonumber(ARGV[1])
-  if want < f then return 0 end
-  redis.call('HSET', KEYS[1], 'v', ARGV[2], 'f', string.format('%.0f', want))
+  local f = redis.call('HGET', KEYS[1], 'f') or '0'
+  local want = ARGV[1]
+  if #want < #f or (#want == #f and want < f) then return 0 end
+  redis.call('HSET', KEYS[1], 'v', ARGV[2], 'f', want)
 else
   redis.call('HSET', KEYS[1], 'v', ARGV[2])
   redis.call('HSETNX', KEYS[1], 'f', '0')
@@ -456,10 +477,12 @@ return 1
 "#;
 
 /// Versioned compare-and-set. KEYS: register. ARGV: expected fence, value.
+/// The versions are compared as decimal strings; the caller keeps them
+/// below 2^53, where the increment is exact.
 const REGISTER_SWAP: &str = r#"
-local f = tonumber(redis.call('HGET', KEYS[1], 'f') or '0') or 0
-if f ~= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'v', ARGV[2], 'f', string.format('%.0f', f + 1))
+local f = redis.call('HGET', KEYS[1], 'f') or '0'
+if f ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'f', string.format('%.0f', tonumber(f) + 1))
 return 1
 "#;
 
@@ -469,7 +492,9 @@ const REGISTER_DECREMENT: &str = r#"
 local v = redis.call('HGET', KEYS[1], 'v')
 if not v then return nil end
 local n = tonumber(v)
-if not n or n ~= math.floor(n) then return redis.error_reply('FENCED_NOT_INTEGER') end
+if not n or n ~= math.floor(n) or math.abs(n) > 9007199254740992 then
+  return redis.error_reply('FENCED_NOT_INTEGER')
+end
 local by = tonumber(ARGV[1])
 if n - by < 0 then return nil end
 redis.call('HSET', KEYS[1], 'v', string.format('%.0f', n - by))

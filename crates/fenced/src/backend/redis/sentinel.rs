@@ -39,6 +39,9 @@ pub(crate) struct Sentinels {
     /// The subscriptions to `+switch-master`, one per sentinel, made on the
     /// first lookup (they need the runtime) and ended on drop.
     followers: Mutex<Option<Vec<tokio::task::AbortHandle>>>,
+    /// Where to reach a master the sentinels announce at another address
+    /// (the URL's `nat=`).
+    nat: Vec<(super::Addr, super::Addr)>,
 }
 
 impl Drop for Sentinels {
@@ -59,6 +62,7 @@ impl Sentinels {
         service: String,
         node: redis::RedisConnectionInfo,
         timeout: Duration,
+        nat: Vec<(super::Addr, super::Addr)>,
     ) -> Sentinels {
         Sentinels {
             sentinels,
@@ -69,6 +73,7 @@ impl Sentinels {
                 .set_response_timeout(Some(timeout)),
             switches: Arc::new(watch::channel(0).0),
             followers: Mutex::new(None),
+            nat,
         }
     }
 
@@ -128,6 +133,11 @@ impl Sentinels {
                 RedisError::from((ErrorKind::InvalidClientConfig, "no sentinels given"))
             }));
         };
+        let (ip, port) = self
+            .nat
+            .iter()
+            .find(|(from, _)| from.0 == ip && from.1 == port)
+            .map_or((ip, port), |(_, to)| to.clone());
         let addr = redis::ConnectionAddr::Tcp(ip, port);
         Client::open(
             redis::IntoConnectionInfo::into_connection_info(addr)?
