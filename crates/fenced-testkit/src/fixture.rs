@@ -1,17 +1,52 @@
-//! Backends under test.
+//! Backends under test, and what a test can do to them.
+//!
+//! A [`Fixture`] is one backend (its own servers, started for the test) and
+//! its fault hooks, in the manner of DistributedLock's per-backend test
+//! strategies: a client whose traffic passes proxies the test controls (cut
+//! its connections, or partition it: bytes held back, sockets left open),
+//! the holder's session killed by the engine itself, the server restarted.
+//! So "lost" is produced by the engine failing, not only by `force_unlock`.
+//! A hook the engine has no use for says why (the test shows it skipped).
 
+use crate::servers::{
+    etcd::EtcdCluster,
+    mariadb::MariaDb,
+    postgres::PgServer,
+    redis::{RedisCluster, RedisMasters, RedisSentinel, RedisServer},
+    zookeeper::ZkEnsemble,
+};
+use crate::torture::proxy::Proxy;
 use fenced::Client;
 use std::any::Any;
 use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
 
-/// One backend under test: its URL, what it can do, and whatever must stay
-/// alive while the test runs (a temp dir, a server process).
+/// One backend under test: its URL, its servers and fault hooks, and
+/// whatever must stay alive while the test runs (a temp dir).
 pub struct Fixture {
     /// The backend URL tests connect to.
     pub url: String,
     /// The `fenced` binary, for backends shared between processes.
     pub fenced_bin: Option<PathBuf>,
+    servers: Mutex<Servers>,
     _keep: Vec<Box<dyn Any + Send + Sync>>,
+}
+
+/// The servers behind a fixture.
+enum Servers {
+    /// In-process (`memory://`), or a file (`sqlite://`): no network.
+    Local(&'static str),
+    Redis(RedisServer),
+    RedLock(RedisMasters),
+    Sentinel(RedisSentinel),
+    Cluster(RedisCluster),
+    Postgres(PgServer, bool),
+    Mariadb(MariaDb, bool),
+    Etcd(EtcdCluster),
+    Zk(ZkEnsemble),
+    /// A URL the test kit did not start.
+    Foreign,
 }
 
 /// A name no other test uses: tests share backends, never names.
@@ -59,24 +94,76 @@ pub async fn two_holds_in_turn(c: &fenced::Client, prefix: &str) {
     assert!(g.release().await.unwrap());
 }
 
+/// A client whose every connection to the backend passes proxies the test
+/// controls.
+pub struct Isolated {
+    /// The client.
+    pub client: Client,
+    /// Its URL, through the proxies (for `fenced` processes).
+    pub url: String,
+    proxies: Vec<Proxy>,
+}
+
+impl Isolated {
+    /// Holds back every byte both ways (and new connections), sockets left
+    /// open, until called again with `false`: a partition.
+    pub fn partition(&self, on: bool) {
+        for p in &self.proxies {
+            p.blackhole(on);
+        }
+    }
+
+    /// Resets every open connection; new ones go through.
+    pub fn cut(&self) {
+        for p in &self.proxies {
+            p.cut();
+        }
+    }
+
+    /// Lets requests through to the servers but holds back their answers
+    /// until called again with `false`: requests that happen, replies
+    /// that come late (or, if the client gives up first, never).
+    pub fn hold_replies(&self, on: bool) {
+        for p in &self.proxies {
+            p.hold_replies(on);
+        }
+    }
+}
+
+/// The default session of the session backends (etcd's `lease_ttl`,
+/// ZooKeeper's `session_timeout`): how long the keys of a client that died
+/// outlive it.
+const DEFAULT_SESSION: Duration = Duration::from_secs(10);
+
 impl Fixture {
-    /// A fresh `memory://` namespace.
-    pub fn memory() -> Self {
+    fn with(url: String, fenced_bin: Option<PathBuf>, servers: Servers) -> Fixture {
         Fixture {
-            url: format!("memory://{}", unique("t")),
-            fenced_bin: None,
+            url,
+            fenced_bin,
+            servers: Mutex::new(servers),
             _keep: Vec::new(),
         }
+    }
+
+    /// A fresh `memory://` namespace.
+    pub fn memory() -> Self {
+        Fixture::with(
+            format!("memory://{}", unique("t")),
+            None,
+            Servers::Local("memory:// lives in this process: no network, no session, no server"),
+        )
     }
 
     /// A fresh SQLite file in a temp dir; processes tests run `fenced_bin`.
     pub fn sqlite(fenced_bin: impl Into<PathBuf>) -> Self {
         let dir = tempfile::tempdir().expect("a temp dir for the SQLite file");
-        Fixture {
-            url: format!("sqlite://{}", dir.path().join("locks.db").display()),
-            fenced_bin: Some(fenced_bin.into()),
-            _keep: vec![Box::new(dir)],
-        }
+        let mut f = Fixture::with(
+            format!("sqlite://{}", dir.path().join("locks.db").display()),
+            Some(fenced_bin.into()),
+            Servers::Local("sqlite:// is a file on this host: no network, no session, no server"),
+        );
+        f._keep.push(Box::new(dir));
+        f
     }
 
     /// A fresh `redis-server`.
@@ -86,30 +173,30 @@ impl Fixture {
 
     /// A fresh `redis-server`, with `query` (e.g. `?layout=simple`) on the URL.
     pub fn redis_with(fenced_bin: impl Into<PathBuf>, query: &str) -> Self {
-        let s = crate::servers::redis::RedisServer::start();
-        Fixture::new(
+        let s = RedisServer::start();
+        Fixture::with(
             format!("{}{query}", s.url()),
             Some(fenced_bin.into()),
-            vec![Box::new(s)],
+            Servers::Redis(s),
         )
     }
 
     /// Three fresh independent masters behind `redlock://`.
     pub fn redlock(fenced_bin: impl Into<PathBuf>) -> Self {
-        let m = crate::servers::redis::RedisMasters::start(3);
-        Fixture::new(m.url(), Some(fenced_bin.into()), vec![Box::new(m)])
+        let m = RedisMasters::start(3);
+        Fixture::with(m.url(), Some(fenced_bin.into()), Servers::RedLock(m))
     }
 
     /// A fresh Sentinel group (master, two replicas, three sentinels).
     pub fn redis_sentinel(fenced_bin: impl Into<PathBuf>) -> Self {
-        let g = crate::servers::redis::RedisSentinel::start();
-        Fixture::new(g.url(), Some(fenced_bin.into()), vec![Box::new(g)])
+        let g = RedisSentinel::start();
+        Fixture::with(g.url(), Some(fenced_bin.into()), Servers::Sentinel(g))
     }
 
     /// A fresh three-master Redis Cluster.
     pub fn redis_cluster(fenced_bin: impl Into<PathBuf>) -> Self {
-        let c = crate::servers::redis::RedisCluster::start(3);
-        Fixture::new(c.url(), Some(fenced_bin.into()), vec![Box::new(c)])
+        let c = RedisCluster::start(3);
+        Fixture::with(c.url(), Some(fenced_bin.into()), Servers::Cluster(c))
     }
 
     /// A fresh PostgreSQL server.
@@ -119,11 +206,12 @@ impl Fixture {
 
     /// A fresh PostgreSQL server, with `query` (e.g. `?mode=advisory`) on the URL.
     pub fn postgres_with(fenced_bin: impl Into<PathBuf>, query: &str) -> Self {
-        let s = crate::servers::postgres::PgServer::start();
-        Fixture::new(
+        let s = PgServer::start();
+        let advisory = query.contains("mode=advisory");
+        Fixture::with(
             format!("{}{query}", s.url()),
             Some(fenced_bin.into()),
-            vec![Box::new(s)],
+            Servers::Postgres(s, advisory),
         )
     }
 
@@ -134,38 +222,31 @@ impl Fixture {
 
     /// A fresh MariaDB server, with URL options (`?mode=advisory`).
     pub fn mariadb_with(fenced_bin: impl Into<PathBuf>, query: &str) -> Self {
-        let s = crate::servers::mariadb::MariaDb::start();
-        Fixture::new(
+        let s = MariaDb::start();
+        let advisory = query.contains("mode=advisory");
+        Fixture::with(
             format!("{}{query}", s.url()),
             Some(fenced_bin.into()),
-            vec![Box::new(s)],
+            Servers::Mariadb(s, advisory),
         )
     }
 
-    /// A fresh etcd of `members` members, with a short session lease so a
-    /// killed holder's keys go within the suite's patience.
+    /// A fresh etcd of `members` members, at the client's default
+    /// settings (a 10 s session lease).
     pub fn etcd(fenced_bin: impl Into<PathBuf>, members: usize) -> Self {
-        let c = crate::servers::etcd::EtcdCluster::start_n(members);
-        Fixture::new(
-            format!("{}?lease_ttl=3s", c.url()),
-            Some(fenced_bin.into()),
-            vec![Box::new(c)],
-        )
+        let c = EtcdCluster::start_n(members);
+        Fixture::with(c.url(), Some(fenced_bin.into()), Servers::Etcd(c))
     }
 
-    /// A fresh ZooKeeper of `nodes` nodes (1: standalone), with a short
-    /// session timeout so a killed holder's nodes go within the suite's
-    /// patience.
+    /// A fresh ZooKeeper of `nodes` nodes (1: standalone), at the client's
+    /// default settings (a 10 s session).
     pub fn zookeeper(fenced_bin: impl Into<PathBuf>, nodes: usize) -> Self {
-        let z = crate::servers::zookeeper::ZkEnsemble::start_n(nodes);
-        Fixture::new(
-            format!("{}?session_timeout=3s", z.url()),
-            Some(fenced_bin.into()),
-            vec![Box::new(z)],
-        )
+        let z = ZkEnsemble::start_n(nodes);
+        Fixture::with(z.url(), Some(fenced_bin.into()), Servers::Zk(z))
     }
 
-    /// Any URL, keeping `keep` alive as long as the fixture.
+    /// Any URL, keeping `keep` alive as long as the fixture. It has no
+    /// fault hooks.
     pub fn new(
         url: String,
         fenced_bin: Option<PathBuf>,
@@ -174,6 +255,7 @@ impl Fixture {
         Fixture {
             url,
             fenced_bin,
+            servers: Mutex::new(Servers::Foreign),
             _keep: keep,
         }
     }
@@ -183,5 +265,229 @@ impl Fixture {
         Client::connect(&self.url)
             .await
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url))
+    }
+
+    fn servers(&self) -> std::sync::MutexGuard<'_, Servers> {
+        self.servers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long the keys of a client that died outlive it on this backend
+    /// beyond their leases: its session (etcd, ZooKeeper), else nothing.
+    pub fn session_timeout(&self) -> Duration {
+        match &*self.servers() {
+            Servers::Etcd(_) | Servers::Zk(_) => DEFAULT_SESSION,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// A client whose every connection to the backend (and every node the
+    /// backend announces: Sentinel's master and replicas, Cluster's
+    /// masters) passes proxies the test controls; `Err` with the reason
+    /// where the backend has no network.
+    pub async fn isolated(&self) -> Result<Isolated, &'static str> {
+        self.isolated_with("").await
+    }
+
+    /// [`isolated`](Self::isolated), for tests that hold replies back:
+    /// where the client pools connections (the SQL lease tables), it keeps
+    /// one, so that once warmed up its next request goes out at once, not
+    /// after a statement's preparation whose answer the test holds back.
+    pub async fn isolated_for_replies(&self) -> Result<Isolated, &'static str> {
+        let pooled = matches!(
+            &*self.servers(),
+            Servers::Postgres(_, false) | Servers::Mariadb(_, false)
+        );
+        self.isolated_with(if pooled { "pool=1" } else { "" }).await
+    }
+
+    async fn isolated_with(&self, param: &str) -> Result<Isolated, &'static str> {
+        let announced: Vec<u16> = match &*self.servers() {
+            Servers::Local(why) => return Err(why),
+            Servers::Foreign => return Err("a backend the test kit did not start"),
+            Servers::Sentinel(g) => g.nodes.iter().map(|n| n.port).collect(),
+            Servers::Cluster(c) => c.nodes.iter().map(|n| n.port).collect(),
+            _ => Vec::new(),
+        };
+        let (mut url, proxies) = through_proxies(&self.url, &announced);
+        if !param.is_empty() {
+            url.push(if url.contains('?') { '&' } else { '?' });
+            url.push_str(param);
+        }
+        let client = Client::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+        Ok(Isolated {
+            client,
+            url,
+            proxies,
+        })
+    }
+
+    /// Ends, in the engine itself, the session that holds lock `name`:
+    /// revokes its etcd lease, or terminates the database session of an
+    /// advisory lock. `Err` with the reason where holds live on no session
+    /// a test can end (leases; ZooKeeper, which ends a session only when
+    /// it stops hearing from the client: use [`Isolated::partition`]).
+    pub fn kill_session(&self, name: &str) -> Result<(), &'static str> {
+        match &*self.servers() {
+            Servers::Etcd(c) => {
+                let out = crate::servers::etcd::etcdctl(
+                    &c.endpoints(),
+                    &["get", "--prefix", "--keys-only", &format!("{name}/")],
+                )
+                .expect("etcdctl get");
+                let mut killed = 0;
+                for key in out.lines().filter(|l| !l.trim().is_empty()) {
+                    let lease = key.rsplit('/').next().unwrap_or("");
+                    let lease = lease.split('_').next().unwrap_or(lease);
+                    if crate::servers::etcd::etcdctl(&c.endpoints(), &["lease", "revoke", lease])
+                        .is_some()
+                    {
+                        killed += 1;
+                    }
+                }
+                assert!(killed > 0, "no session holds {name:?} on etcd: {out:?}");
+                Ok(())
+            }
+            Servers::Postgres(s, true) => {
+                let n = s.sql(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
+                     WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()",
+                );
+                assert_ne!(n.trim(), "0", "no session holds an advisory lock");
+                Ok(())
+            }
+            Servers::Mariadb(s, true) => {
+                // fenced's GET_LOCK name is the lock name (up to 64 characters).
+                assert!(name.chars().count() <= 64, "a short name: {name:?}");
+                let quoted = name.replace('\\', "\\\\").replace('\'', "\\'");
+                let id = s.sql(&format!("SELECT IS_USED_LOCK('{quoted}')"));
+                assert!(
+                    id.trim().parse::<u64>().is_ok(),
+                    "no session holds {name:?}: {id:?}"
+                );
+                s.sql(&format!("KILL {}", id.trim()));
+                Ok(())
+            }
+            Servers::Zk(_) => Err(
+                "ZooKeeper ends a session only when it stops hearing from its client \
+                 (the partition test covers that)",
+            ),
+            Servers::Local(why) => Err(why),
+            Servers::Foreign => Err("a backend the test kit did not start"),
+            _ => Err("holds live on a lease here, not on a session a test can end"),
+        }
+    }
+
+    /// Kills the server (SIGKILL) and starts it again on its data; `Err`
+    /// with the reason where the fixture has no single server to restart.
+    pub fn restart(&self) -> Result<(), &'static str> {
+        match &mut *self.servers() {
+            Servers::Redis(s) => {
+                s.kill();
+                s.restart();
+            }
+            Servers::Postgres(s, _) => {
+                s.kill();
+                s.restart();
+            }
+            Servers::Mariadb(s, _) => {
+                s.kill();
+                s.restart();
+            }
+            Servers::Etcd(c) if c.members.len() == 1 => {
+                c.kill(0);
+                c.restart(0);
+            }
+            Servers::Zk(z) if z.nodes.len() == 1 => {
+                z.kill(0);
+                z.restart(0);
+            }
+            Servers::RedLock(m) => {
+                for s in &mut m.servers {
+                    s.kill();
+                    s.restart();
+                }
+            }
+            Servers::Local(why) => return Err(why),
+            Servers::Foreign => return Err("a backend the test kit did not start"),
+            _ => {
+                return Err(
+                    "several servers: restarts of one of them are the torture suite's \
+                     (restart, leader, failover faults)",
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `url` with every `host:port` it names replaced by a proxy's, and the
+/// `announced` ports mapped to proxies with `nat=` (a port both named and
+/// announced shares one proxy).
+fn through_proxies(url: &str, announced: &[u16]) -> (String, Vec<Proxy>) {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let mut proxies: Vec<(u16, Proxy)> = Vec::new();
+    let mut proxy_for = |port: u16| -> u16 {
+        if let Some((_, p)) = proxies.iter().find(|(t, _)| *t == port) {
+            return p.port();
+        }
+        let p = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+            .expect("start a proxy");
+        let mine = p.port();
+        proxies.push((port, p));
+        mine
+    };
+    let hosts: Vec<String> = hosts
+        .split(',')
+        .map(|h| {
+            let (host, port) = h.rsplit_once(':').expect("host:port");
+            let port: u16 = port.parse().expect("a port");
+            format!("{host}:{}", proxy_for(port))
+        })
+        .collect();
+    let nat: Vec<String> = announced
+        .iter()
+        .map(|&port| format!("nat=127.0.0.1:{port}=127.0.0.1:{}", proxy_for(port)))
+        .collect();
+    let mut out = format!("{scheme}://{userinfo}{}{tail}", hosts.join(","));
+    if !nat.is_empty() {
+        out.push(if tail.contains('?') { '&' } else { '?' });
+        out.push_str(&nat.join("&"));
+    }
+    (out, proxies.into_iter().map(|(_, p)| p).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_go_through_proxies() {
+        let (url, proxies) = through_proxies(
+            "redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster?timeout=1s",
+            &[3],
+        );
+        assert_eq!(proxies.len(), 3);
+        let p: Vec<u16> = proxies.iter().map(Proxy::port).collect();
+        assert_eq!(
+            url,
+            format!(
+                "redis+sentinel://127.0.0.1:{},127.0.0.1:{}/mymaster?timeout=1s\
+                 &nat=127.0.0.1:3=127.0.0.1:{}",
+                p[0], p[1], p[2]
+            )
+        );
+        let (url, proxies) = through_proxies("postgres://postgres@127.0.0.1:5/db", &[]);
+        assert_eq!(
+            url,
+            format!("postgres://postgres@127.0.0.1:{}/db", proxies[0].port())
+        );
     }
 }

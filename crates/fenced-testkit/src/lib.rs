@@ -19,85 +19,101 @@ pub use timing::Timing;
 
 /// Instantiates the conformance suite for one backend: every lock-contract
 /// test as a `#[tokio::test]` in a module named `$backend`, built from the
-/// fixture expression. Add `processes` for backends shared between
-/// processes: those tests spawn real `fenced` processes.
+/// fixture expression, by groups of what the backend offers:
+///
+/// | group | tests |
+/// |---|---|
+/// | `core` | every backend: exclusion, leases, fencing, signals, waiting, cancellation |
+/// | `rw` / `mutex_only` | read-write locks, or their refusal |
+/// | `permits` / `no_permits` | semaphores, or their refusal |
+/// | `fair` / `no_fair` | FIFO mode, or its refusal |
+/// | `processes` | real `fenced` processes sharing the backend |
+/// | `network` | a holder partitioned, cut off, or whose replies are lost or late |
+/// | `run_cut_off` | a `fenced run` holder partitioned: its command killed before the next one's starts |
+/// | `session` | the holder's session ended by the engine |
+/// | `restart` | the server restarted |
+///
+/// Tests a backend cannot run are listed under `skip` with the reason,
+/// and show as skipped (`#[ignore]`) rather than vanish.
+///
+/// ```text
+/// fenced_testkit::conformance_suite!(sqlite, Fixture::sqlite(bin), [core, rw, permits, fair, processes],
+///     skip { partitioned_holder_is_told_first: "a file on this host: no network" });
+/// ```
 ///
 /// The calling crate must depend on `tokio` (with `macros` and `rt-multi-thread`).
 #[macro_export]
 macro_rules! conformance_suite {
-    ($backend:ident, $fixture:expr) => {
-        $crate::conformance_suite!(@core $backend, $fixture, [fair_mode_is_fifo, cancelled_wait_leaves_nothing]);
-    };
-    ($backend:ident, $fixture:expr, processes) => {
-        $crate::conformance_suite!(@core $backend, $fixture, [
-            fair_mode_is_fifo, cancelled_wait_leaves_nothing,
-            processes_exclude_each_other, killed_holder_process_frees_lock
-        ]);
-    };
-    // No fair mode and no semaphores (RedLock: a majority of masters cannot
-    // bound a count; PostgreSQL advisory locks count no permits): those
-    // tests are replaced by checks of the refusal.
-    ($backend:ident, $fixture:expr, processes, no_fair_no_permits) => {
-        $crate::conformance_suite!(@tests $backend, $fixture, [
-            mutual_exclusion_tasks, owner_only_release, reentrancy_counts,
-            lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
-            fencing_tokens_increase, lost_signal_when_taken, lost_signal_when_lease_ends,
-            try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
-            readers_share_writers_exclude, fair_mode_is_refused, semaphore_is_refused,
-            fenced_register_rejects_stale_tokens, versioned_values_lose_no_update, multilock_is_all_or_nothing,
-            striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over,
-            processes_exclude_each_other, killed_holder_process_frees_lock
-        ]);
-    };
-    // A backend with mutexes only (Redis `layout=simple`): read-write
-    // locks and semaphores are replaced by a check of their refusal.
-    ($backend:ident, $fixture:expr, processes, mutex_only) => {
-        $crate::conformance_suite!(@tests $backend, $fixture, [
-            mutual_exclusion_tasks, owner_only_release, reentrancy_counts,
-            lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
-            fencing_tokens_increase_mutex, lost_signal_when_taken, lost_signal_when_lease_ends,
-            try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
-            cancelled_wait_leaves_nothing, fair_mode_is_fifo, shared_modes_are_refused,
-            fenced_register_rejects_stale_tokens, versioned_values_lose_no_update, multilock_is_all_or_nothing,
-            striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over,
-            processes_exclude_each_other, killed_holder_process_frees_lock
-        ]);
-    };
-    // Mutexes only and no fair mode (MySQL `GET_LOCK`: no shared mode, no
-    // permits, and no FIFO promise).
-    ($backend:ident, $fixture:expr, processes, mutex_only_no_fair) => {
-        $crate::conformance_suite!(@tests $backend, $fixture, [
-            mutual_exclusion_tasks, owner_only_release, reentrancy_counts,
-            lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
-            fencing_tokens_increase_mutex, lost_signal_when_taken, lost_signal_when_lease_ends,
-            try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
-            fair_mode_is_refused, shared_modes_are_refused,
-            fenced_register_rejects_stale_tokens, versioned_values_lose_no_update, multilock_is_all_or_nothing,
-            striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over,
-            processes_exclude_each_other, killed_holder_process_frees_lock
-        ]);
-    };
-    (@core $backend:ident, $fixture:expr, [$($extra:ident),*]) => {
-        $crate::conformance_suite!(@tests $backend, $fixture, [
-            mutual_exclusion_tasks, owner_only_release, reentrancy_counts,
-            lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
-            fencing_tokens_increase, lost_signal_when_taken, lost_signal_when_lease_ends,
-            try_and_timeout, waiter_is_woken_by_release, dropped_guard_releases,
-            readers_share_writers_exclude, semaphore_never_exceeds_permits,
-            fenced_register_rejects_stale_tokens, versioned_values_lose_no_update, multilock_is_all_or_nothing,
-            striped_segments_are_independent, bad_input_is_refused, leader_election_hands_over
-            $(, $extra)*
-        ]);
-    };
-    (@tests $backend:ident, $fixture:expr, [$($test:ident),* $(,)?]) => {
+    ($backend:ident, $fixture:expr, [$($group:ident),* $(,)?]
+        $(, skip { $($skipped:ident : $why:literal),* $(,)? })? $(,)?) => {
         mod $backend {
-            $(
-                #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let fixture = $fixture;
-                    $crate::conformance::$test(&fixture).await;
-                }
-            )*
+            #[allow(unused_imports)]
+            use super::*;
+            $( $crate::conformance_suite!(@group $group, $fixture); )*
+            $($(
+                #[test]
+                #[ignore = $why]
+                fn $skipped() {}
+            )*)?
         }
+    };
+    (@group core, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [
+            mutual_exclusion_tasks, tasks_of_one_client_exclude, owner_only_release,
+            reentrancy_counts, lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
+            lost_signal_when_taken, lost_signal_when_lease_ends, try_and_timeout,
+            waiter_is_woken_by_release, dropped_guard_releases,
+            fenced_register_rejects_stale_tokens, versioned_values_lose_no_update,
+            multilock_is_all_or_nothing, striped_segments_are_independent,
+            bad_input_is_refused, leader_election_hands_over, cancelled_acquires_leave_nothing
+        ]);
+    };
+    (@group rw, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [
+            readers_share_writers_exclude, fencing_tokens_increase,
+            cancelled_reads_beside_own_write_leave_nothing
+        ]);
+    };
+    (@group mutex_only, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [shared_modes_are_refused, fencing_tokens_increase_mutex]);
+    };
+    (@group permits, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [semaphore_never_exceeds_permits]);
+    };
+    (@group no_permits, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [semaphore_is_refused]);
+    };
+    (@group fair, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [fair_mode_is_fifo, cancelled_wait_leaves_nothing]);
+    };
+    (@group no_fair, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [fair_mode_is_refused]);
+    };
+    (@group processes, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [processes_exclude_each_other, killed_holder_process_frees_lock]);
+    };
+    (@group network, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [
+            partitioned_holder_is_told_first, cut_connections_keep_or_lose_cleanly,
+            a_lost_reply_is_not_a_second_grant, a_grant_past_its_lease_is_not_returned
+        ]);
+    };
+    (@group run_cut_off, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [cut_off_run_is_killed_before_the_next_runs]);
+    };
+    (@group session, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [killed_session_is_reported]);
+    };
+    (@group restart, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [tokens_rise_across_a_restart]);
+    };
+    (@tests $fixture:expr, [$($test:ident),* $(,)?]) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                let fixture = $fixture;
+                $crate::conformance::$test(&fixture).await;
+            }
+        )*
     };
 }

@@ -3,6 +3,9 @@
 //! [`Fixture`], uses names no other test uses, and bounds every wait with
 //! [`Timing`]; none asserts on speed.
 
+mod faults;
+pub use faults::*;
+
 use crate::{Fixture, Timing, unique};
 use fenced::{ErrorKind, LostReason, MultiLock, Owner};
 use std::sync::Arc;
@@ -86,13 +89,45 @@ pub async fn owner_only_release(fx: &Fixture) {
     assert!(new.is_held());
     assert!(new.release().await.unwrap());
     assert!(b.status(&name).await.unwrap().is_free());
+
+    // A renewal from a holder whose hold was taken away is stale: it finds
+    // the hold gone (the lost signal fires) and touches the new holder's
+    // in nothing.
+    let old = a
+        .mutex(&name)
+        .unwrap()
+        .lease(t.ms(600))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(b.mutex(&name).unwrap().force_unlock().await.unwrap(), 1);
+    let new = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("the broken lock is free");
+    let reason = timeout(t.eventually(), old.lost())
+        .await
+        .expect("the stale renewal reports the hold lost");
+    assert_eq!(reason, LostReason::Taken);
+    let st = b.status(&name).await.unwrap();
+    assert_eq!(st.holders.len(), 1, "{st:?}");
+    assert_eq!(st.holders[0].token, new.fencing_token());
+    assert!(new.is_held());
+    assert!(!old.release().await.unwrap(), "a stale release is reported");
+    assert_eq!(b.status(&name).await.unwrap().holders.len(), 1);
+    assert!(new.release().await.unwrap());
+    assert!(b.status(&name).await.unwrap().is_free());
 }
 
 /// The same owner nests; the lock is free only when the count falls to zero.
 pub async fn reentrancy_counts(fx: &Fixture) {
     let name = unique("re");
     let (a, b) = (fx.client().await, fx.client().await);
-    let lock = a.mutex(&name).unwrap();
+    let me = Owner::new();
+    let lock = a.mutex(&name).unwrap().owner(&me);
     let outer = lock.acquire().await.unwrap();
     let inner = lock.acquire().await.unwrap();
     let inner2 = lock.try_acquire().await.unwrap().expect("reentrant try");
@@ -110,7 +145,9 @@ pub async fn reentrancy_counts(fx: &Fixture) {
             .is_none(),
         "still held once"
     );
-    // Another owner of the same client is excluded too.
+    // Another owner of the same client is excluded too, and so is an
+    // acquisition that names none (every acquisition is its own owner),
+    // unless it runs inside the owner's scope.
     assert!(
         lock.clone()
             .owner(&Owner::new())
@@ -119,6 +156,14 @@ pub async fn reentrancy_counts(fx: &Fixture) {
             .unwrap()
             .is_none()
     );
+    let plain = a.mutex(&name).unwrap();
+    assert!(plain.try_acquire().await.unwrap().is_none());
+    let scoped = me
+        .scope(async { plain.try_acquire().await.unwrap() })
+        .await
+        .expect("the owner's scope nests");
+    assert_eq!(scoped.hold_count(), 2);
+    assert!(scoped.release().await.unwrap());
     assert!(outer.release().await.unwrap());
     let g = b
         .mutex(&name)
@@ -128,6 +173,44 @@ pub async fn reentrancy_counts(fx: &Fixture) {
         .unwrap()
         .expect("free after the last release");
     assert!(g.fencing_token() > 0);
+}
+
+/// Eight tasks sharing one client, with default options (no owner named),
+/// exclude each other as processes do: a service shares one client across
+/// its request handlers, and two requests for one order must not both get
+/// in. Their read-modify-write of a counter loses no update.
+pub async fn tasks_of_one_client_exclude(fx: &Fixture) {
+    const TASKS: usize = 8;
+    const ROUNDS: usize = 10;
+    let name = unique("tasks");
+    let client = fx.client().await;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let lock = client.mutex(&name).unwrap();
+        let (inside, counter) = (inside.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = lock.acquire().await.unwrap();
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two tasks of one client inside one mutex"
+                );
+                let v = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                counter.store(v + 1, Ordering::SeqCst);
+                inside.fetch_sub(1, Ordering::SeqCst);
+                assert!(g.release().await.unwrap());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), TASKS * ROUNDS);
+    assert!(client.status(&name).await.unwrap().is_free());
 }
 
 /// A holder that vanished without releasing (its guard leaked, as if the
@@ -306,9 +389,12 @@ pub async fn waiter_is_woken_by_release(fx: &Fixture) {
     );
     let first = g.fencing_token();
     assert!(g.release().await.unwrap());
-    let token = timeout(t.eventually(), waiter)
+    // Woken by the backend's notification, not found by the fallback
+    // re-check (every 2 s while the holder's lease is long): the bound
+    // stays below it, unscaled, so this fails when wake-ups are broken.
+    let token = timeout(Duration::from_millis(1500), waiter)
         .await
-        .expect("woken")
+        .expect("the release must wake the waiter, not its fallback re-check")
         .unwrap()
         .unwrap();
     assert!(token > first);
@@ -500,25 +586,20 @@ pub async fn semaphore_is_refused(fx: &Fixture) {
 }
 
 /// Readers share, writers exclude, a writer may take read, a reader may
-/// not upgrade.
+/// not upgrade (the last two are for a named owner).
 pub async fn readers_share_writers_exclude(fx: &Fixture) {
     let name = unique("rw");
     let (a, b) = (fx.client().await, fx.client().await);
     let rw_a = a.rwlock(&name).unwrap();
     let rw_b = b.rwlock(&name).unwrap();
-    let r1 = rw_a.read().acquire().await.unwrap();
+    let me = Owner::new();
+    let r1 = rw_a.read().owner(&me).acquire().await.unwrap();
     let r2 = rw_b.read().acquire().await.unwrap();
-    let r3 = rw_b.read().owner(&Owner::new()).acquire().await.unwrap();
+    let r3 = rw_b.read().acquire().await.unwrap();
     assert_eq!(a.status(&name).await.unwrap().holders.len(), 3);
-    assert!(
-        rw_b.write()
-            .owner(&Owner::new())
-            .try_acquire()
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let up = rw_a.write().try_acquire().await.unwrap_err();
+    assert!(rw_b.write().try_acquire().await.unwrap().is_none());
+    assert!(rw_a.write().try_acquire().await.unwrap().is_none());
+    let up = rw_a.write().owner(&me).try_acquire().await.unwrap_err();
     assert_eq!(
         up.kind(),
         ErrorKind::InvalidInput,
@@ -527,13 +608,18 @@ pub async fn readers_share_writers_exclude(fx: &Fixture) {
     for r in [r1, r2, r3] {
         assert!(r.release().await.unwrap());
     }
-    let w = rw_a.write().acquire().await.unwrap();
+    let w = rw_a.write().owner(&me).acquire().await.unwrap();
     assert!(
         rw_b.read().try_acquire().await.unwrap().is_none(),
         "a reader got in beside a writer"
     );
+    assert!(
+        rw_a.read().try_acquire().await.unwrap().is_none(),
+        "another acquisition on the writer's client is another owner"
+    );
     let own_read = rw_a
         .read()
+        .owner(&me)
         .try_acquire()
         .await
         .unwrap()
@@ -577,7 +663,28 @@ pub async fn semaphore_never_exceeds_permits(fx: &Fixture) {
     for t in tasks {
         t.await.unwrap();
     }
-    assert!(peak.load(Ordering::SeqCst) >= 1);
+    assert!(peak.load(Ordering::SeqCst) <= PERMITS as usize);
+    // Exactly its permits fit at once, from as many clients.
+    let mut full = Vec::new();
+    for _ in 0..PERMITS {
+        let c = fx.client().await;
+        let g = c.semaphore(&name, PERMITS).unwrap().try_acquire().await;
+        full.push(g.unwrap().expect("a free permit"));
+    }
+    assert!(full.iter().all(|g| g.is_held()));
+    let c = fx.client().await;
+    assert!(
+        c.semaphore(&name, PERMITS)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "one more than its permits"
+    );
+    for g in full {
+        assert!(g.release().await.unwrap());
+    }
     // Taking two of three permits leaves room for one, not two.
     let c = fx.client().await;
     let two = c
@@ -611,6 +718,20 @@ pub async fn semaphore_never_exceeds_permits(fx: &Fixture) {
             .unwrap()
             .is_none()
     );
+    // A request that counts another number of permits than the holders
+    // is refused with a clear error, and takes nothing: letting it in
+    // would let it walk past the others' limit.
+    for other in [PERMITS + 2, 1] {
+        let e = c
+            .semaphore(&name, other)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains(&format!("{PERMITS} permits")), "{e}");
+    }
+    assert_eq!(c.status(&name).await.unwrap().holders.len(), 2);
     drop(two);
 }
 
@@ -802,6 +923,61 @@ pub async fn bad_input_is_refused(fx: &Fixture) {
         let e = fenced::Client::connect(url).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{url}: {e}");
     }
+    // Numbers at the edge of their type: a clear error or the plain
+    // meaning (a wait longer than any clock is a wait for ever), never a
+    // panic.
+    let g = lock
+        .acquire_timeout(Duration::MAX)
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(g.release().await.unwrap());
+    let g = lock
+        .clone()
+        .wait_timeout(Duration::MAX)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(g.release().await.unwrap());
+    let multi = MultiLock::new([lock.clone()]);
+    let both = multi.acquire_timeout(Duration::MAX).await.unwrap();
+    assert!(both.expect("free").release().await.unwrap());
+    // A register and a versioned value share one record: a fence at the
+    // top of u64 (where the backend takes it) is a version with no
+    // successor, refused rather than wrapped.
+    let edge = unique("ver-edge");
+    let stored = c
+        .register(&edge)
+        .unwrap()
+        .write_with_token(u64::MAX, "x")
+        .await;
+    let v = c.versioned(&edge).unwrap();
+    match (stored, v.compare_and_set(u64::MAX, "y").await) {
+        (Ok(()), Err(e)) | (Err(_), Err(e)) => assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}"),
+        (Err(_), Ok(false)) => {}
+        (w, cas) => panic!("fence u64::MAX: write {w:?}, compare-and-set {cas:?}"),
+    }
+    let reg = c.register(&unique("reg-edge")).unwrap();
+    reg.write_unfenced(i64::MIN.to_string()).await.unwrap();
+    match reg.try_decrement(i64::MAX).await {
+        Ok(None) => {}
+        // Redis counts in doubles and refuses what it cannot count exactly.
+        Err(e) if e.kind() == ErrorKind::InvalidInput => {}
+        other => panic!("decrementing i64::MIN by i64::MAX: {other:?}"),
+    }
+    for policy in [
+        fenced::RetryPolicy::NTimes {
+            times: 1000,
+            sleep: Duration::ZERO,
+        },
+        fenced::RetryPolicy::OneTime {
+            sleep: Duration::MAX,
+        },
+    ] {
+        let e = lock.clone().retry(policy).try_acquire().await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    }
+    assert!(c.status(&name).await.unwrap().is_free());
 }
 
 /// 8 `fenced run` processes increment a counter file 200 times each
@@ -879,6 +1055,10 @@ pub async fn killed_holder_process_frees_lock(fx: &Fixture) {
         "held by the child"
     );
     crate::process::kill_group(&mut child);
-    let got = lock.acquire_timeout(t.eventually()).await.unwrap();
+    // Its keys outlive it by its session, on backends that have one.
+    let got = lock
+        .acquire_timeout(t.eventually() + fx.session_timeout())
+        .await
+        .unwrap();
     assert!(got.is_some(), "a killed holder's lease must free the lock");
 }

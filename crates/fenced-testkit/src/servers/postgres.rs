@@ -3,7 +3,7 @@
 //! second; a copy takes a tenth of that). PostgreSQL refuses to run as
 //! root, so as root the server runs as the `postgres` user.
 
-use super::{Server, free_port};
+use super::{Server, free_port, require};
 use nix::sys::signal::Signal;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -192,6 +192,25 @@ impl PgServer {
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Runs SQL with `psql` as the superuser and returns its output
+    /// (unaligned, tuples only).
+    pub fn sql(&self, sql: &str) -> String {
+        let psql = require("psql", "postgresql-client", &[]);
+        let out = Command::new(psql)
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
+            .arg(self.url())
+            .arg("-c")
+            .arg(sql)
+            .output()
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
     /// The server process, while it runs.

@@ -30,6 +30,14 @@ pub struct Findings {
     pub signals_fired: u64,
     /// Holds whose write was refused, released without a lost signal (I4).
     pub signals_missing: u64,
+    /// Holds the side probe found the backend no longer naming, still
+    /// believed past the signal bound after that (I4: a missed signal).
+    pub signals_missed: u64,
+    /// Lost signals that fired outside every fault's window: under
+    /// contention alone a healthy backend never loses a hold (I4: false).
+    pub signals_false: u64,
+    /// Side probes of the lock's state read during the run.
+    pub probes: u64,
     /// Operations that failed and were retried (the server away).
     pub errors: u64,
     /// How long the lock took to be granted again after each fault (I3).
@@ -58,6 +66,20 @@ pub struct Recovery {
     pub overlaps: u64,
     /// Their total length, ms.
     pub overlap_ms: f64,
+    /// Lost signals that fired in the fault's window: the fault showed
+    /// where it took a hold from a client that then knew it.
+    pub signals: u64,
+}
+
+/// What the checker needs to judge the side probes (I4).
+#[derive(Clone, Copy, Debug)]
+pub struct Probing {
+    /// How long after the backend stops naming a hold its lost signal may
+    /// take: a renewal interval plus a request timeout (RELIABILITY.md).
+    pub signal_bound_ms: u64,
+    /// Whether the backend's status names holds by their own tokens (all
+    /// but advisory locks, which name only that the lock is held).
+    pub names_tokens: bool,
 }
 
 struct Hold {
@@ -76,7 +98,20 @@ struct WorkerState {
 
 /// Checks a run's history; `counter` is the register's final value (it
 /// starts at 0 and each accepted write sets it to what was read + 1).
+/// Side probes, if any, are judged with a signal bound of 10 s.
 pub fn check(events: &[Event], counter: i64) -> Findings {
+    check_with(
+        events,
+        counter,
+        Probing {
+            signal_bound_ms: 10_000,
+            names_tokens: true,
+        },
+    )
+}
+
+/// [`check`], with side probes judged by `probing`.
+pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings {
     let mut ev: Vec<&Event> = events.iter().collect();
     ev.sort_by_key(|e| e.t);
     let end_of_run = ev.last().map_or(0, |e| e.t);
@@ -85,6 +120,8 @@ pub fn check(events: &[Event], counter: i64) -> Findings {
     let mut workers: std::collections::HashMap<u32, WorkerState> = Default::default();
     let mut grants: Vec<(u64, u64, u64, u32)> = Vec::new(); // (t, asked, token, w)
     let mut accepted: Vec<(u64, u64, u64)> = Vec::new(); // (t, sent, token)
+    let mut probes: Vec<(u64, u64, &[u64], u32)> = Vec::new(); // (sent, t, named, holders)
+    let mut signals: Vec<u64> = Vec::new(); // when lost signals fired
     for e in &ev {
         let st = workers.entry(e.w).or_default();
         let close = |st: &mut WorkerState, holds: &mut Vec<Hold>| {
@@ -123,6 +160,7 @@ pub fn check(events: &[Event], counter: i64) -> Findings {
             }
             Kind::Lost { .. } => {
                 f.signals_fired += 1;
+                signals.push(e.t);
                 if let Some(i) = st.last {
                     holds[i].lost = true;
                 }
@@ -144,6 +182,11 @@ pub fn check(events: &[Event], counter: i64) -> Findings {
                 st.last = None;
             }
             Kind::Error { .. } => f.errors += 1,
+            Kind::Probe {
+                sent,
+                named,
+                holders,
+            } => probes.push((*sent, e.t, named, *holders)),
             Kind::InSection { .. } | Kind::FaultStart { .. } | Kind::FaultEnd { .. } => {}
         }
     }
@@ -181,6 +224,41 @@ pub fn check(events: &[Event], counter: i64) -> Findings {
                 f.recoveries[i].overlap_ms += (b - a) as f64 / 1e6;
             }
             None => f.overlaps_outside_faults += 1,
+        }
+    }
+    // I4, by the side probe: a hold the backend no longer names must stop
+    // being believed (its signal, or its release) within the bound.
+    f.probes = probes.len() as u64;
+    let bound = probing.signal_bound_ms * 1_000_000;
+    for h in &holds {
+        let end = h.end.unwrap_or(end_of_run);
+        let unnamed = probes.iter().find(|(sent, t, named, holders)| {
+            *sent > h.start
+                && *t < end
+                && if probing.names_tokens {
+                    !named.contains(&h.token)
+                } else {
+                    *holders == 0
+                }
+        });
+        if let Some((_, t, _, _)) = unnamed
+            && end - t > bound
+        {
+            f.signals_missed += 1;
+        }
+    }
+    // Lost signals are charged to the fault whose window they fell in;
+    // with none, they were false.
+    for &at in &signals {
+        let latest = windows
+            .iter()
+            .enumerate()
+            .filter(|(_, (from, to))| at >= *from && at <= *to)
+            .max_by_key(|(_, (from, _))| *from)
+            .map(|(i, _)| i);
+        match latest {
+            Some(i) => f.recoveries[i].signals += 1,
+            None => f.signals_false += 1,
         }
     }
     f
@@ -276,6 +354,7 @@ fn recoveries(
             late,
             overlaps: 0,
             overlap_ms: 0.0,
+            signals: 0,
         });
         windows.push((e.t, healed + bound));
     }
@@ -391,6 +470,58 @@ mod tests {
         assert_eq!(f.token_regressions, 1);
         assert_eq!(f.lost_updates, 1);
         assert_eq!(f.signals_missing, 1);
+    }
+
+    #[test]
+    fn the_side_probe_finds_missed_and_false_signals() {
+        let probe = |t: u64, named: Vec<u64>| {
+            ev(
+                t,
+                0,
+                Kind::Probe {
+                    sent: (t - 1) * MS,
+                    holders: named.len() as u32,
+                    named,
+                },
+            )
+        };
+        let probing = Probing {
+            signal_bound_ms: 1000,
+            names_tokens: true,
+        };
+        let h = vec![
+            acq(10, 1, 7),
+            probe(100, vec![7]),
+            // The backend stops naming the hold at 500 ms; the holder goes
+            // on believing it for 3 s: a missed signal.
+            probe(500, vec![]),
+            rel(3500, 1),
+            // A lost signal with no fault anywhere: a false one.
+            acq(4000, 2, 8),
+            probe(4100, vec![8]),
+            ev(
+                4200,
+                2,
+                Kind::Lost {
+                    reason: "taken".into(),
+                },
+            ),
+            rel(4201, 2),
+        ];
+        let f = check_with(&h, 0, probing);
+        assert_eq!((f.probes, f.signals_missed, f.signals_false), (3, 1, 1));
+        // Released within the bound of the probe that no longer named it:
+        // nothing missed.
+        let h = vec![acq(10, 1, 7), probe(500, vec![]), rel(900, 1)];
+        assert_eq!(check_with(&h, 0, probing).signals_missed, 0);
+        // Advisory locks name only that the lock is held.
+        let h = vec![acq(10, 1, 7), probe(500, vec![3]), rel(3500, 1)];
+        let by_count = Probing {
+            names_tokens: false,
+            ..probing
+        };
+        assert_eq!(check_with(&h, 0, by_count).signals_missed, 0);
+        assert_eq!(check_with(&h, 0, probing).signals_missed, 1);
     }
 
     #[test]

@@ -11,7 +11,7 @@ mod expect;
 pub mod proxy;
 pub mod topology;
 
-pub use check::{Findings, Recovery, check};
+pub use check::{Findings, Probing, Recovery, check, check_with};
 pub use expect::{Claim, Expect, Family, Fault, claims_markdown, expect};
 
 use serde::{Deserialize, Serialize};
@@ -94,6 +94,16 @@ pub enum Kind {
     FaultEnd {
         /// Which.
         fault: Fault,
+    },
+    /// Driver: a side probe of the lock's real state (its status, read
+    /// from the backend directly), stamped when the answer came.
+    Probe {
+        /// When it was sent.
+        sent: u64,
+        /// The tokens of the holds the backend names.
+        named: Vec<u64>,
+        /// How many holders it names.
+        holders: u32,
     },
 }
 

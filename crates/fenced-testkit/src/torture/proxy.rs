@@ -21,6 +21,10 @@ pub struct Proxy {
 
 struct Ctl {
     blackhole: watch::Sender<bool>,
+    /// Holds back only what the servers send.
+    replies: watch::Sender<bool>,
+    /// Never set: what the requests' side waits on beside the blackhole.
+    quiet: watch::Sender<bool>,
     cut: watch::Sender<u64>,
     stop: watch::Sender<bool>,
 }
@@ -33,6 +37,8 @@ impl Proxy {
         let port = listener.local_addr()?.port();
         let ctl = Arc::new(Ctl {
             blackhole: watch::channel(false).0,
+            replies: watch::channel(false).0,
+            quiet: watch::channel(false).0,
             cut: watch::channel(0).0,
             stop: watch::channel(false).0,
         });
@@ -64,6 +70,12 @@ impl Proxy {
     pub fn blackhole(&self, on: bool) {
         self.ctl.blackhole.send_replace(on);
     }
+
+    /// Holds back what the server sends (requests still reach it) until
+    /// called again with `false`.
+    pub fn hold_replies(&self, on: bool) {
+        self.ctl.replies.send_replace(on);
+    }
 }
 
 impl Drop for Proxy {
@@ -88,7 +100,8 @@ async fn serve(listener: std::net::TcpListener, target: SocketAddr, ctl: Arc<Ctl
                     conns.spawn(connection(client, target, ctl.clone()));
                 }
             }
-            _ = stop.changed() => break,
+            // A stop sent before this loop subscribed counts too.
+            _ = stop.wait_for(|s| *s) => break,
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
@@ -97,7 +110,7 @@ async fn serve(listener: std::net::TcpListener, target: SocketAddr, ctl: Arc<Ctl
 
 async fn connection(client: tokio::net::TcpStream, target: SocketAddr, ctl: Arc<Ctl>) {
     let mut cut = ctl.cut.subscribe();
-    let mut hole = ctl.blackhole.subscribe();
+    let mut hole = [ctl.blackhole.subscribe(), ctl.quiet.subscribe()];
     // A partition holds back the handshake too.
     if wait_open(&mut hole).await.is_err() {
         return;
@@ -115,36 +128,52 @@ async fn connection(client: tokio::net::TcpStream, target: SocketAddr, ctl: Arc<
     cut.borrow_and_update();
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
+    // The server's side also stops while replies are held.
+    let both = |c: &Ctl| [c.blackhole.subscribe(), c.replies.subscribe()];
     tokio::select! {
-        _ = pump(cr, sw, ctl.blackhole.subscribe()) => {}
-        _ = pump(sr, cw, ctl.blackhole.subscribe()) => {}
+        _ = pump(cr, sw, [ctl.blackhole.subscribe(), ctl.quiet.subscribe()]) => {}
+        _ = pump(sr, cw, both(&ctl)) => {}
         _ = cut.changed() => {}
     }
 }
 
-async fn wait_open(hole: &mut watch::Receiver<bool>) -> Result<(), watch::error::RecvError> {
-    while *hole.borrow_and_update() {
-        hole.changed().await?;
+/// Waits until none of `holes` holds bytes back.
+async fn wait_open(holes: &mut [watch::Receiver<bool>; 2]) -> Result<(), watch::error::RecvError> {
+    loop {
+        let [a, b] = holes;
+        let held = (*a.borrow_and_update(), *b.borrow_and_update());
+        match held {
+            (false, false) => return Ok(()),
+            (true, _) => a.changed().await?,
+            (_, true) => b.changed().await?,
+        }
     }
-    Ok(())
 }
 
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut hole: watch::Receiver<bool>) {
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut holes: [watch::Receiver<bool>; 2],
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if wait_open(&mut hole).await.is_err() {
+        if wait_open(&mut holes).await.is_err() {
             return;
         }
-        let n = tokio::select! {
-            r = from.read(&mut buf) => match r {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            },
-            // Blackholed while waiting: stop reading.
-            _ = hole.changed() => continue,
+        let n = {
+            let [a, b] = &mut holes;
+            tokio::select! {
+                r = from.read(&mut buf) => match r {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                },
+                // Held back while waiting: stop reading.
+                _ = a.changed() => continue,
+                _ = b.changed() => continue,
+            }
         };
         // Bytes read as the hole opened are held back with the rest.
-        if wait_open(&mut hole).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+        if wait_open(&mut holes).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
             return;
         }
     }

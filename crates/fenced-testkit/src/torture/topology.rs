@@ -160,6 +160,20 @@ impl Topology {
     /// When a server will not start (the message says why); callers that
     /// must not panic catch it.
     pub fn start(self) -> Running {
+        self.start_with(false)
+    }
+
+    /// [`start`](Topology::start), or with `defaults` the URL a user
+    /// writes: the client's default session (10 s on etcd and ZooKeeper)
+    /// rather than the short one.
+    pub fn start_with(self, defaults: bool) -> Running {
+        let short = |param: &str| {
+            if defaults {
+                String::new()
+            } else {
+                format!("?{param}=3s")
+            }
+        };
         use Topology as T;
         let (servers, url) = match self {
             T::Sqlite => {
@@ -213,12 +227,12 @@ impl Topology {
             }
             T::Zookeeper | T::Zookeeper3 => {
                 let z = ZkEnsemble::start_n(if self == T::Zookeeper { 1 } else { 3 });
-                let url = format!("{}?session_timeout=3s", z.url());
+                let url = format!("{}{}", z.url(), short("session_timeout"));
                 (Servers::Zk(z), url)
             }
             T::Etcd | T::Etcd3 => {
                 let c = EtcdCluster::start_n(if self == T::Etcd { 1 } else { 3 });
-                let url = format!("{}?lease_ttl=3s", c.url());
+                let url = format!("{}{}", c.url(), short("lease_ttl"));
                 (Servers::Etcd(c), url)
             }
         };

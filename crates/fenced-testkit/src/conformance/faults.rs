@@ -1,0 +1,438 @@
+//! The contract under faults the engine itself produces, through the
+//! fixture's hooks (a partition, a cut, a killed session, a restart, a
+//! lost reply) and under cancellation at random await points. Every test
+//! runs at the defaults a user gets: default lease, default session.
+
+use crate::{Fixture, Timing, unique};
+use fenced::{DEFAULT_LEASE, ErrorKind, LostReason, Owner};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::{Instant, timeout};
+
+/// A random duration below `max`, for cancellation at random points.
+fn random_below(max: Duration) -> Duration {
+    let r = uuid::Uuid::new_v4().as_u128();
+    Duration::from_nanos((r % max.as_nanos().max(1)) as u64)
+}
+
+/// A holder cut off by a partition (bytes held back, sockets left open),
+/// at the default lease and the backend's default session: its lost
+/// signal fires before any other client is granted the lock. The rival
+/// tries every 20 ms; a try sent before the grant happened, so the signal
+/// must have fired by the send of the try that wins. Once it has fired
+/// the partition heals, so that backends that never give a cut-off
+/// session's lock away (advisory locks) let it go too.
+pub async fn partitioned_holder_is_told_first(fx: &Fixture) {
+    let t = Timing::default();
+    let iso = fx
+        .isolated()
+        .await
+        .expect("this backend has network faults");
+    let observer = fx.client().await;
+    let name = unique("part");
+    let g = iso.client.mutex(&name).unwrap().acquire().await.unwrap();
+    let token = g.fencing_token();
+    let told: Arc<Mutex<Option<(Instant, LostReason)>>> = Arc::default();
+    let lost = g.lost();
+    let record = told.clone();
+    tokio::spawn(async move {
+        let reason = lost.await;
+        *record.lock().unwrap() = Some((Instant::now(), reason));
+    });
+    iso.partition(true);
+    let limit = Instant::now() + DEFAULT_LEASE + fx.session_timeout() + t.eventually() * 3;
+    let rival = observer.mutex(&name).unwrap();
+    let mut healed = false;
+    let (sent, won) = loop {
+        assert!(
+            Instant::now() < limit,
+            "{name}: nobody got the lock back after the partition (told: {:?})",
+            *told.lock().unwrap()
+        );
+        if !healed && told.lock().unwrap().is_some() {
+            iso.partition(false);
+            healed = true;
+        }
+        let sent = Instant::now();
+        match rival.try_acquire().await {
+            Ok(Some(won)) => break (sent, won),
+            Ok(None) => {}
+            Err(e) if e.kind() == ErrorKind::Unavailable => {}
+            Err(e) => panic!("{name}: the rival's try failed: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let Some((at, reason)) = *told.lock().unwrap() else {
+        panic!("{name}: another client was granted the lock and the cut-off holder was never told");
+    };
+    assert!(
+        at <= sent,
+        "{name}: another client was granted the lock {:?} before the cut-off holder was told \
+         ({reason})",
+        at - sent
+    );
+    assert!(!g.is_held());
+    assert!(won.fencing_token() > token);
+    assert!(won.release().await.unwrap());
+    iso.partition(false);
+    drop(g);
+}
+
+/// The holder's session ended by the engine (its etcd lease revoked, its
+/// database session terminated): the lost signal fires, at the default
+/// lease, and another client gets the lock.
+pub async fn killed_session_is_reported(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("killsess");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
+    fx.kill_session(&name)
+        .expect("this backend's holds live on a session");
+    let reason = timeout(DEFAULT_LEASE / 3 + t.eventually(), g.lost())
+        .await
+        .expect("the lost signal must fire when the session is killed");
+    assert!(
+        matches!(reason, LostReason::Taken | LostReason::SessionExpired),
+        "{reason:?}"
+    );
+    assert!(!g.is_held());
+    let won = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("the killed session's lock is free");
+    assert!(won.fencing_token() > g.fencing_token());
+    assert!(!g.release().await.unwrap());
+    assert!(won.release().await.unwrap());
+}
+
+/// Every connection of a holder reset: the hold survives (the client
+/// reconnects and renews it; sessions outlive a reconnect) or its lost
+/// signal fires (a database session holding an advisory lock ends with
+/// its connection); never both held by this client and given to another.
+pub async fn cut_connections_keep_or_lose_cleanly(fx: &Fixture) {
+    let t = Timing::default();
+    let iso = fx
+        .isolated()
+        .await
+        .expect("this backend has network faults");
+    let observer = fx.client().await;
+    let name = unique("cut");
+    let lease = t.ms(1500);
+    let g = iso
+        .client
+        .mutex(&name)
+        .unwrap()
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    iso.cut();
+    // Past two renewals after the cut.
+    tokio::time::sleep(lease).await;
+    if g.is_held() {
+        let st = observer.status(&name).await.unwrap();
+        assert!(
+            st.holders.iter().any(|h| h.token == g.fencing_token()) || st.holders.len() == 1,
+            "{name}: the holder believes it holds, the backend says {st:?}"
+        );
+        assert!(
+            observer
+                .mutex(&name)
+                .unwrap()
+                .try_acquire()
+                .await
+                .unwrap()
+                .is_none(),
+            "{name}: granted to another while the cut holder believes it holds"
+        );
+        assert!(g.release().await.unwrap());
+    } else {
+        timeout(t.eventually(), g.lost())
+            .await
+            .expect("a hold no longer believed has its lost signal fired");
+        drop(g);
+    }
+    let won = observer
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap();
+    assert!(
+        won.is_some(),
+        "{name}: the lock stayed blocked after the cut"
+    );
+}
+
+/// Tokens keep rising across a restart of the server (SIGKILL, then a
+/// start on the same data; a Redis without persistence forgets its
+/// counter, and the clock floor takes over).
+pub async fn tokens_rise_across_a_restart(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("restart");
+    let c = fx.client().await;
+    let g = c.mutex(&name).unwrap().acquire().await.unwrap();
+    let before = g.fencing_token();
+    assert!(g.release().await.unwrap());
+    c.close().await;
+    fx.restart()
+        .expect("this fixture has one server to restart");
+    let c = fx.client().await;
+    let lock = c.mutex(&name).unwrap();
+    let g = t
+        .until_available("acquire after the restart", || lock.acquire())
+        .await;
+    assert!(
+        g.fencing_token() > before,
+        "token {} after a restart, {before} before",
+        g.fencing_token()
+    );
+    assert!(g.release().await.unwrap());
+}
+
+/// Takes and releases lock `name` through `c`, so that what a backend
+/// keeps for the next request (a pooled connection, an idle database
+/// session, a loaded script, the lock's ZooKeeper container) is there
+/// before a test holds replies back: the request must reach the server
+/// then, not wait for an answer that makes it.
+async fn warm_up(c: &fenced::Client, name: &str) {
+    let g = c.mutex(name).unwrap().acquire().await.unwrap();
+    assert!(g.release().await.unwrap());
+    // sqlx pings each pooled connection as it goes back to the pool, in
+    // the background: let that answer come before replies are held, or
+    // the next request waits for a connection the ping still has.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
+/// Acquisitions dropped at random points (a `timeout` of a few random
+/// milliseconds around each), on a held lock (they wait in the queue)
+/// and on a free one (they may win a grant nobody takes): once the
+/// background withdrawals are done, nothing is held or queued, and the
+/// lock is had at once.
+pub async fn cancelled_acquires_leave_nothing(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("storm");
+    let (a, b) = (fx.client().await, fx.client().await);
+    for held in [true, false] {
+        let holder = if held {
+            Some(a.mutex(&name).unwrap().acquire().await.unwrap())
+        } else {
+            None
+        };
+        for _ in 0..60 {
+            let lock = b.mutex(&name).unwrap();
+            let _ = timeout(random_below(Duration::from_millis(4)), lock.acquire()).await;
+        }
+        if let Some(h) = holder {
+            assert!(h.release().await.unwrap());
+        }
+        t.wait_until(
+            &format!("{name}: a cancelled acquisition left a hold or a queue place"),
+            || async {
+                let st = b.status(&name).await.unwrap();
+                st.is_free() && st.waiters == 0
+            },
+        )
+        .await;
+        let g = a
+            .mutex(&name)
+            .unwrap()
+            .fair(false)
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("nothing in the way");
+        assert!(g.release().await.unwrap());
+    }
+}
+
+/// Read acquisitions of an owner that holds write (a downgrade on its
+/// way), dropped at random points: after the write is released, nothing
+/// of the owner is left held, and another client takes write.
+pub async fn cancelled_reads_beside_own_write_leave_nothing(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("storm-rw");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let me = Owner::new();
+    let rw = a.rwlock(&name).unwrap();
+    let w = rw.write().owner(&me).acquire().await.unwrap();
+    for _ in 0..40 {
+        let read = rw.read().owner(&me);
+        let _ = timeout(random_below(Duration::from_millis(4)), read.acquire()).await;
+    }
+    assert!(w.release().await.unwrap());
+    t.wait_until(
+        &format!("{name}: a cancelled read left a hold behind"),
+        || async { b.status(&name).await.unwrap().is_free() },
+    )
+    .await;
+    let g = b
+        .rwlock(&name)
+        .unwrap()
+        .write()
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("free for another writer");
+    assert!(g.release().await.unwrap());
+}
+
+/// A grant whose answer is lost (the request reached the server, the
+/// connection was reset before the reply came back) is tried again, and
+/// the try finds the grant already made: one hold, not a second one, and
+/// not an error.
+pub async fn a_lost_reply_is_not_a_second_grant(fx: &Fixture) {
+    let t = Timing::default();
+    let iso = fx
+        .isolated_for_replies()
+        .await
+        .expect("this backend has network faults");
+    let observer = fx.client().await;
+    let name = unique("lostreply");
+    let lock = iso.client.mutex(&name).unwrap();
+    warm_up(&iso.client, &name).await;
+    iso.hold_replies(true);
+    let attempt = tokio::spawn(async move { lock.acquire().await });
+    t.wait_until(
+        &format!("{name}: the request never reached the server"),
+        || async { !observer.status(&name).await.unwrap().is_free() },
+    )
+    .await;
+    iso.cut();
+    iso.hold_replies(false);
+    let g = timeout(t.eventually(), attempt)
+        .await
+        .expect("the acquire ends")
+        .unwrap()
+        .expect("a lost reply is tried again, not an error");
+    let st = observer.status(&name).await.unwrap();
+    assert_eq!(st.holders.len(), 1, "{name}: {st:?}");
+    assert!(g.is_held());
+    assert!(g.release().await.unwrap());
+    t.wait_until(
+        &format!("{name}: a grant of the lost reply stayed"),
+        || async { observer.status(&name).await.unwrap().is_free() },
+    )
+    .await;
+}
+
+/// A grant whose answer comes back after the lease it granted has run
+/// out is never handed to the caller as a guard: the caller gets a guard
+/// it still holds, or an error.
+pub async fn a_grant_past_its_lease_is_not_returned(fx: &Fixture) {
+    let t = Timing::default();
+    let iso = fx
+        .isolated_for_replies()
+        .await
+        .expect("this backend has network faults");
+    let observer = fx.client().await;
+    let name = unique("late");
+    let lease = t.ms(800);
+    let lock = iso.client.mutex(&name).unwrap().fixed_lease(lease);
+    warm_up(&iso.client, &name).await;
+    iso.hold_replies(true);
+    let attempt = tokio::spawn(async move { lock.acquire().await });
+    t.wait_until(
+        &format!("{name}: the request never reached the server"),
+        || async { !observer.status(&name).await.unwrap().is_free() },
+    )
+    .await;
+    tokio::time::sleep(lease + t.ms(200)).await;
+    iso.hold_replies(false);
+    match timeout(t.eventually(), attempt)
+        .await
+        .expect("the acquire ends")
+        .unwrap()
+    {
+        Ok(g) => {
+            assert!(
+                g.lease_left() > Duration::ZERO,
+                "{name}: acquire returned a guard whose lease had run out"
+            );
+            drop(g);
+        }
+        Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}"),
+    }
+}
+
+/// A `fenced run` holder cut off by a partition, at the default lease and
+/// session, has its command killed (and exits 76) before another client's
+/// `fenced run` starts its command. The cut-off command writes the time
+/// every 10 ms; the next one writes the time it starts: the last stamp of
+/// the first must come before the stamp of the second.
+pub async fn cut_off_run_is_killed_before_the_next_runs(fx: &Fixture) {
+    let t = Timing::default();
+    let bin = fx
+        .fenced_bin
+        .clone()
+        .expect("processes tests need the fenced binary");
+    let iso = fx
+        .isolated()
+        .await
+        .expect("this backend has network faults");
+    let dir = tempfile::tempdir().unwrap();
+    let (first_log, second_log) = (dir.path().join("first"), dir.path().join("second"));
+    let name = unique("runcut");
+    let stamper = format!(
+        "while true; do date +%s%N >> '{}'; sleep 0.01; done",
+        first_log.display()
+    );
+    let mut first = crate::process::spawn_run(&bin, &iso.url, &name, &[], &["sh", "-c", &stamper]);
+    t.wait_until("the cut-off holder's command never ran", || async {
+        std::fs::read_to_string(&first_log).is_ok_and(|s| !s.is_empty())
+    })
+    .await;
+    iso.partition(true);
+    let starter = format!("date +%s%N > '{}'", second_log.display());
+    let mut second = crate::process::spawn_run(&bin, &fx.url, &name, &[], &["sh", "-c", &starter]);
+    let limit = Duration::from_secs(30) + fx.session_timeout() + t.eventually() * 2;
+    let exited = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + limit;
+        let mut codes = (None, None);
+        while std::time::Instant::now() < deadline && (codes.0.is_none() || codes.1.is_none()) {
+            if codes.0.is_none() {
+                codes.0 = first.try_wait().unwrap().map(|s| s.code());
+            }
+            if codes.1.is_none() {
+                codes.1 = second.try_wait().unwrap().map(|s| s.code());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for c in [&mut first, &mut second] {
+            crate::process::kill_group(c);
+        }
+        codes
+    })
+    .await
+    .unwrap();
+    iso.partition(false);
+    assert_eq!(
+        exited.0,
+        Some(Some(76)),
+        "the cut-off `fenced run` must kill its command and exit 76"
+    );
+    assert_eq!(
+        exited.1,
+        Some(Some(0)),
+        "the second `fenced run` must get the lock and run"
+    );
+    let last_first: u128 = std::fs::read_to_string(&first_log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .max()
+        .expect("stamps of the first command");
+    let second_start: u128 = std::fs::read_to_string(&second_log)
+        .unwrap()
+        .trim()
+        .parse()
+        .expect("the second command's stamp");
+    assert!(
+        last_first < second_start,
+        "{name}: the cut-off command still ran {} ms after the next one started",
+        (last_first - second_start) / 1_000_000
+    );
+}
