@@ -36,16 +36,16 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     table: Option<std::path::PathBuf>,
     /// S1 iterations.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
     iterations: u64,
     /// S4 repetitions.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
     handoffs: u64,
     /// S2 worker processes.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     processes: u32,
     /// S2 duration.
-    #[arg(long, default_value = "20s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "20s", value_parser = crate::parse_positive_duration)]
     duration: Duration,
     /// Fair (FIFO) locks in S2 and S4.
     #[arg(long)]
@@ -58,10 +58,10 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<std::path::PathBuf>,
     /// S5: leases held at once.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..))]
     leases: u32,
     /// S5: how long they are held.
-    #[arg(long, default_value = "60s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::parse_positive_duration)]
     hold: Duration,
     /// Start this topology here (the torture suite's list: redis,
     /// postgres, zookeeper, ...) and bench it, instead of --backend.
@@ -153,9 +153,11 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     #[cfg(feature = "torture")]
     let (_servers, backend) = match args.spawn {
         None => (None, backend),
-        Some(_) if backend.is_some() => bail!("give --backend or --spawn, not both"),
+        Some(_) if backend.is_some() => {
+            return Err(crate::usage("give --backend or --spawn, not both"));
+        }
         Some(t) => {
-            let r = crate::torture::start(t)?;
+            let r = crate::torture::start(t, true)?;
             let url = r.url.clone();
             (Some(r), Some(url))
         }
@@ -163,7 +165,10 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     if let Some(p) = &args.plot
         && p.extension().and_then(|e| e.to_str()) != Some("svg")
     {
-        bail!("--plot writes SVG: give a FILE.svg, not {}", p.display());
+        return Err(crate::usage(format!(
+            "--plot writes SVG: give a FILE.svg, not {}",
+            p.display()
+        )));
     }
     let client = crate::connect(backend.as_deref()).await?;
     let url = client.url().to_owned();

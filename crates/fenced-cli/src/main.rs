@@ -69,6 +69,34 @@ enum Command {
     TortureWorker(torture::WorkerArgs),
 }
 
+/// A bad argument found after parsing (a value clap takes but fenced
+/// refuses): `fenced` exits 2 on it, as on one clap refuses.
+#[derive(Debug)]
+pub(crate) struct Usage(pub(crate) String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// A [`Usage`] error.
+pub(crate) fn usage(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Usage(msg.into()))
+}
+
+/// Exit code for bad arguments, and for values the library refuses as
+/// bad input (a zero lease, a malformed URL): 2, as for clap's own.
+fn is_usage(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<Usage>().is_some()
+            || c.downcast_ref::<fenced::Error>()
+                .is_some_and(|f| f.kind() == fenced::ErrorKind::InvalidInput)
+    })
+}
+
 /// Parses `500ms`, `30s`, `2m`, `1h`, or `0`.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {
@@ -76,6 +104,14 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(s.trim())
         .map_err(|_| format!("{s:?} is not a duration; write it like 500ms, 30s or 2m"))
+}
+
+/// A duration above zero.
+pub(crate) fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("{s:?}: give a duration above zero")),
+        d => Ok(d),
+    }
 }
 
 fn main() -> ExitCode {
@@ -136,7 +172,11 @@ fn main() -> ExitCode {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("fenced: {e:#}");
-                ExitCode::FAILURE
+                if is_usage(&e) {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::FAILURE
+                }
             }
         }
     })

@@ -14,7 +14,8 @@
 //!   kill and restart the server, the leader or the Sentinel master (with
 //!   `--spawn`, which starts the topology here).
 
-use anyhow::{Context, bail};
+use crate::usage;
+use anyhow::Context;
 use clap::Args;
 use fenced_testkit::torture::{
     self, Claim, Event, Expect, Family, Fault, Findings, Kind, mono_ns,
@@ -43,14 +44,20 @@ pub(crate) struct TortureArgs {
     #[arg(long, default_value = "all", value_name = "LIST")]
     faults: String,
     /// Worker processes.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=256))]
     clients: u32,
     /// How long the workload runs.
-    #[arg(long, default_value = "30s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::parse_positive_duration)]
     duration: Duration,
-    /// The lock's lease (renewed by the watchdog while held).
-    #[arg(long, default_value = "2s", value_parser = crate::parse_duration)]
-    lease: Duration,
+    /// The lock's lease (renewed by the watchdog while held); 2 s, or with
+    /// --defaults the library's default (30 s).
+    #[arg(long, value_parser = crate::parse_duration)]
+    lease: Option<Duration>,
+    /// Run at the settings a user gets: the default lease and, with
+    /// --spawn, the backend's default session (etcd's and ZooKeeper's
+    /// 10 s), not the short ones that make faults heal fast.
+    #[arg(long)]
+    defaults: bool,
     /// A hold lasts a random time up to this.
     #[arg(long, default_value = "20ms", value_parser = crate::parse_duration)]
     hold_max: Duration,
@@ -486,12 +493,19 @@ pub(crate) async fn torture(
         return Ok(ExitCode::SUCCESS);
     }
     if args.clients < 2 {
-        bail!("--clients must be at least 2: a lock needs contenders");
+        return Err(usage(
+            "--clients must be at least 2: a lock needs contenders",
+        ));
     }
-    if args.lease < Duration::from_millis(500) {
-        bail!("--lease must be at least 500ms");
+    let lease = args.lease.unwrap_or(if args.defaults {
+        fenced::DEFAULT_LEASE
+    } else {
+        Duration::from_secs(2)
+    });
+    if lease < Duration::from_millis(500) {
+        return Err(usage("--lease must be at least 500ms"));
     }
-    let asked_faults = parse_faults(&args.faults).map_err(anyhow::Error::msg)?;
+    let asked_faults = parse_faults(&args.faults).map_err(usage)?;
     if let Some(t) = args.spawn {
         if args.list_faults {
             for f in t.faults() {
@@ -502,31 +516,38 @@ pub(crate) async fn torture(
         // Refuse before starting any server.
         for f in asked_faults.iter().flatten() {
             if !t.faults().contains(f) {
-                bail!(
+                return Err(usage(format!(
                     "the fault {} does not apply to the topology {}",
                     f.name(),
                     t.name()
-                );
+                )));
             }
         }
     }
     let mut running: Option<Running> = None;
     let url = match (&backend, args.spawn) {
-        (Some(_), Some(_)) => bail!("give --backend or --spawn, not both"),
-        (None, None) => bail!("torture needs --backend URL (your servers) or --spawn TOPOLOGY"),
+        (Some(_), Some(_)) => return Err(usage("give --backend or --spawn, not both")),
+        (None, None) => {
+            return Err(usage(
+                "torture needs --backend URL (your servers) or --spawn TOPOLOGY",
+            ));
+        }
         (Some(u), None) => u.clone(),
         (None, Some(t)) => {
             if !args.json {
                 eprintln!("fenced torture: starting {} ...", t.name());
             }
-            let r = start(t)?;
+            let r = start(t, args.defaults)?;
             let url = r.url.clone();
             running = Some(r);
             url
         }
     };
-    let family = Family::of(&url)
-        .with_context(|| format!("{url}: torture needs a backend shared between processes"))?;
+    let family = Family::of(&url).ok_or_else(|| {
+        usage(format!(
+            "{url}: torture needs a backend shared between processes"
+        ))
+    })?;
     let endpoint = match &running {
         Some(r) => r.single_endpoint(),
         None => single_host(&url),
@@ -559,7 +580,7 @@ pub(crate) async fn torture(
             .collect(),
         Some(list) => {
             for f in &list {
-                applies(*f).map_err(anyhow::Error::msg)?;
+                applies(*f).map_err(usage)?;
             }
             list
         }
@@ -568,11 +589,15 @@ pub(crate) async fn torture(
         torture::expect(family, None).expect("contention applies to every backend"),
         |e, f| e.and(torture::expect(family, Some(*f)).expect("checked above")),
     );
-    // How long the backend may take to free a dead holder's lock.
-    let session = url_duration(&url, "session_timeout")
-        .or_else(|| url_duration(&url, "lease_ttl"))
-        .unwrap_or_default();
-    let free_after = args.lease.max(session);
+    // How long the backend may take to free a dead holder's lock: its
+    // lease, or on etcd and ZooKeeper its session (10 s unless the URL
+    // says otherwise), which outlives a dead client whatever the lease.
+    let free_after = match family {
+        Family::Etcd | Family::ZooKeeper => url_duration(&url, "session_timeout")
+            .or_else(|| url_duration(&url, "lease_ttl"))
+            .unwrap_or(Duration::from_secs(10)),
+        _ => lease,
+    };
     let bound = free_after * 2 + Duration::from_secs(5);
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
     let mut rng = fastrand::Rng::with_seed(seed);
@@ -591,7 +616,7 @@ pub(crate) async fn torture(
         exe: std::env::current_exe()?,
         name: name.clone(),
         register_url,
-        args_lease: args.lease,
+        args_lease: lease,
         hold_max: args.hold_max,
         lost_wait: free_after + Duration::from_secs(3),
         until,
@@ -623,6 +648,34 @@ pub(crate) async fn torture(
         let u = through(&url, p.port())?;
         run.urls.push((u.clone(), Some(p)));
         Ok(u)
+    };
+    // The side probe (I4): the lock's state as the backend tells it, every
+    // 100 ms, from a client of its own that no fault touches.
+    let probe = {
+        let (live, url, name) = (run.live.clone(), url.clone(), name.clone());
+        tokio::spawn(async move {
+            let Ok(c) = crate::connect(Some(&url)).await else {
+                return;
+            };
+            loop {
+                let sent = mono_ns();
+                if let Ok(st) = c.status(&name).await {
+                    push(
+                        &live,
+                        Event {
+                            t: mono_ns(),
+                            w: 0,
+                            e: Kind::Probe {
+                                sent,
+                                named: st.holders.iter().map(|h| h.token).collect(),
+                                holders: st.holders.len() as u32,
+                            },
+                        },
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
     };
     let mut next_id = 1;
     for _ in 0..args.clients {
@@ -757,6 +810,7 @@ pub(crate) async fn torture(
         tokio::time::sleep(args.fault_every).await;
     }
     // Workers stop at `until`; a stuck one is killed 30 s later.
+    probe.abort();
     let tasks = std::mem::take(&mut run.tasks);
     let stuck = tokio::time::timeout(
         Duration::from_nanos(until.saturating_sub(mono_ns())) + Duration::from_secs(30),
@@ -789,7 +843,12 @@ pub(crate) async fn torture(
             writeln!(f, "{}", serde_json::to_string(e)?)?;
         }
     }
-    let findings = torture::check(&events, counter);
+    // A renewal interval plus a request timeout, with a second's room.
+    let probing = torture::Probing {
+        signal_bound_ms: (lease / 3 + Duration::from_secs(6)).as_millis() as u64,
+        names_tokens: family != Family::SqlAdvisory,
+    };
+    let findings = torture::check_with(&events, counter, probing);
     let mut breaches = breaches(&findings, &expect, orphans);
     if stuck {
         breaches.push("a worker did not stop by the end of the run (killed)".into());
@@ -808,7 +867,8 @@ pub(crate) async fn torture(
         "faults": faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
         "injected": injected.iter().map(|(f, n)| (f.name(), n)).collect::<HashMap<_, _>>(),
         "clients": args.clients, "duration_s": args.duration.as_secs_f64(),
-        "lease_ms": args.lease.as_millis() as u64, "bound_ms": bound.as_millis() as u64,
+        "lease_ms": lease.as_millis() as u64, "bound_ms": bound.as_millis() as u64,
+        "defaults": args.defaults,
         "seed": seed, "expect": expect, "findings": findings, "counter": counter,
         "orphans": orphans, "timeline": timeline, "breaches": breaches,
         "pass": breaches.is_empty(),
@@ -829,8 +889,8 @@ pub(crate) async fn torture(
 
 /// Starts a topology's servers on this thread (they die with it), with
 /// a launcher's panic turned into an error.
-pub(crate) fn start(t: Topology) -> anyhow::Result<Running> {
-    std::panic::catch_unwind(|| t.start())
+pub(crate) fn start(t: Topology, defaults: bool) -> anyhow::Result<Running> {
+    std::panic::catch_unwind(|| t.start_with(defaults))
         .map_err(|p| anyhow::anyhow!("could not start {}: {}", t.name(), panic_text(&p)))
 }
 
@@ -899,6 +959,18 @@ fn breaches(f: &Findings, e: &Expect, orphans: usize) -> Vec<String> {
             f.signals_missing
         ));
     }
+    if e.signals == Claim::Must && f.signals_missed > 0 {
+        b.push(format!(
+            "I4: {} holds believed past the signal bound after the backend stopped naming them",
+            f.signals_missed
+        ));
+    }
+    if f.signals_false > 0 {
+        b.push(format!(
+            "I4: {} lost signals with no fault to cause them",
+            f.signals_false
+        ));
+    }
     if e.liveness == Claim::Must && f.late_recoveries > 0 {
         b.push(format!(
             "I3: {} recoveries past the bound",
@@ -954,11 +1026,14 @@ fn print_report(
         f.lost_updates
     );
     println!(
-        "  token regressions {} · lost signals {} (missing {}) · recovery max {} (bound {} ms) · \
-         orphans {} · errors retried {}",
+        "  token regressions {} · lost signals {} (missing {}, missed by probe {}, false {}; \
+         {} probes) · recovery max {} (bound {} ms) · orphans {} · errors retried {}",
         f.token_regressions,
         f.signals_fired,
         f.signals_missing,
+        f.signals_missed,
+        f.signals_false,
+        f.probes,
         max_rec.map_or("-".into(), |m| format!("{m:.0} ms")),
         r["bound_ms"],
         r["orphans"],

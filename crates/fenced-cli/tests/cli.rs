@@ -129,18 +129,45 @@ fn bad_arguments_get_one_line_and_exit_2() {
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
         assert!(err.contains(needle), "{err}");
     }
-    let out = fenced("redis-ish://x", &["status", "x"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("redis-ish"));
-    let out = fenced(&url, &["run", "", "--", "true"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("lock name is empty"));
-    let out = fenced(&url, &["run", "x", "--lease", "0", "--", "true"]);
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("lease"),
-        "zero lease must be refused"
-    );
-    assert_ne!(out.status.code(), Some(0));
+    // Values clap takes but fenced refuses are bad arguments too: 2, with
+    // the reason on one line.
+    for (url, args, needle) in [
+        ("redis-ish://x", vec!["status", "x"], "redis-ish"),
+        (
+            url.as_str(),
+            vec!["run", "", "--", "true"],
+            "lock name is empty",
+        ),
+        (url.as_str(), vec!["status", ""], "lock name is empty"),
+        (
+            url.as_str(),
+            vec!["run", "x", "--lease", "0", "--", "true"],
+            "lease",
+        ),
+        (
+            url.as_str(),
+            vec!["run", "x", "--lease", "9999d", "--", "true"],
+            "lease",
+        ),
+        ("memory://", vec!["torture", "--clients", "1"], "clients"),
+        (
+            url.as_str(),
+            vec!["torture", "--spawn", "redis", "--faults", "clock"],
+            "clock",
+        ),
+        (url.as_str(), vec!["bench", "s1", "--iterations", "0"], "0"),
+        (url.as_str(), vec!["bench", "s2", "--duration", "0s"], "0s"),
+        (
+            url.as_str(),
+            vec!["bench", "s1", "--plot", "out.png"],
+            "svg",
+        ),
+    ] {
+        let out = fenced(url, &args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
     let out = fenced("sqlite:///nonexistent-dir/sub/locks.db", &["status", "x"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-dir/sub/locks.db"));
