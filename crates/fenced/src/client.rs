@@ -54,6 +54,17 @@ impl Client {
     /// |---|---|
     /// | `sqlite:///path/to/locks.db` | a lease table in a local SQLite file, shared by every process on the host (feature `sqlite`, on by default) |
     /// | `memory://` or `memory://NAMESPACE` | this process only; clients with the same namespace share locks |
+    /// | `redis://host:6379[/db]`, `rediss://…` | one Redis server (feature `redis`; `rediss` with `tls`) |
+    /// | `redis+sentinel://h1,h2,h3/SERVICE[/db]` | the master a group of Sentinels names (feature `redis`) |
+    /// | `redis+cluster://h1,h2,h3` | Redis Cluster (feature `redis`) |
+    /// | `redlock://h1,h2,h3` | RedLock over independent masters (feature `redis`) |
+    /// | `postgres://user@host/db[?mode=advisory]` | a lease table, or session advisory locks (feature `postgres`) |
+    /// | `mysql://user@host/db[?mode=advisory]`, `mariadb://…` | a lease table, or `GET_LOCK` (feature `mysql`) |
+    /// | `etcd://h1,h2,h3` | etcd v3, `concurrency.Mutex`'s layout (feature `etcd`) |
+    /// | `zk://h1,h2,h3[/chroot]` | ZooKeeper, Curator's layouts (feature `zookeeper`) |
+    ///
+    /// Every URL takes `timeout=` (5 s by default): how long one request
+    /// may take before it counts as failed.
     ///
     /// # Errors
     /// [`InvalidInput`](crate::ErrorKind::InvalidInput) for a URL fenced
@@ -168,15 +179,15 @@ impl Client {
     /// first: a guard still alive after `close` keeps its hold until its
     /// lease runs out.
     ///
-    /// Bounded in time whatever the backend does: the releases get two
-    /// request timeouts (the URL's `timeout=`, 5 s by default) to finish,
+    /// Bounded in time whatever the backend does: the releases get a
+    /// request timeout (the URL's `timeout=`, 5 s by default) to finish,
     /// closing the connections one more; what is left then is left to the
     /// leases.
     pub async fn close(&self) {
         let limit = self.inner.backend.request_timeout();
         let (tx, rx) = oneshot::channel();
         if self.inner.worker.send(Job::Flush(tx)).is_ok()
-            && tokio::time::timeout(limit * 2, rx).await.is_err()
+            && tokio::time::timeout(limit, rx).await.is_err()
         {
             tracing::warn!("releases still pending at close; their leases will free the locks");
         }
@@ -276,11 +287,17 @@ impl ClientInner {
             hold: Some(hold.r.clone()),
         };
         // A failover or a dropped connection should not turn a release
-        // into an error: retry transient failures a little, then leave
-        // the hold to the background worker (and, at worst, its lease).
-        // Past the lease the release is moot, so retries stop there.
-        let until = Some(hold.state().deadline);
+        // into an error: retry transient failures a little (two request
+        // timeouts at most: the caller does not wait on a server that has
+        // stopped answering), then leave the hold to the background worker
+        // (and, at worst, its lease). Past the lease the release is moot,
+        // so retries stop there.
         let limit = self.backend.request_timeout();
+        let until = Some(
+            hold.state()
+                .deadline
+                .min(tokio::time::Instant::now() + limit * 2),
+        );
         let scheme = self.backend.scheme();
         let was_ours = crate::core::acquire::with_retry(&RetryPolicy::default(), until, || {
             crate::core::acquire::bounded(limit, scheme, self.backend.release(&hold.r))

@@ -3,9 +3,11 @@
 //! fenced gives services on many machines mutexes, read-write locks,
 //! semaphores, MultiLocks and segmented locks over the engines they already
 //! run, with a lease renewed by a watchdog, a **fencing token** on every
-//! acquisition and a **lost signal** on every guard. This release ships the
-//! embedded SQLite backend (the default: no server, every process on the
-//! host shares the lock file) and an in-process `memory://` backend.
+//! acquisition and a **lost signal** on every guard. Backends, each behind
+//! a cargo feature: the embedded SQLite default (no server: every process
+//! on the host shares the lock file), Redis (one server, Sentinel, Cluster,
+//! RedLock), PostgreSQL and MySQL/MariaDB (a lease table, or session
+//! advisory locks), etcd, ZooKeeper, and an in-process `memory://`.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -45,8 +47,15 @@
 //!   turns false the moment the lease confirmed by the backend has run out
 //!   on the local clock; [`Guard::lost`] resolves then, or when a renewal
 //!   finds the hold gone.
-//! - **Owner-only release**, **reentrancy per [`Owner`]**, **blocking,
-//!   try and timed acquisition**, **fair mode**, **cancellation safety**.
+//! - **Every acquisition is its own owner**: tasks sharing a client
+//!   exclude each other; reentrancy is opt-in, per [`Owner`].
+//! - **A hold on a session** (etcd, ZooKeeper, advisory locks) is believed
+//!   no longer than the session's last confirmed keep-alive plus its
+//!   timeout, so a cut-off holder is told before the server can give the
+//!   lock away.
+//! - **Owner-only release**, **blocking, try and timed acquisition**,
+//!   **fair mode**, **cancellation safety**, and **no call that waits on a
+//!   silent server** past the request timeout (`timeout=` in every URL).
 //! - **Errors** have a [`kind`](Error::kind); bad input is refused before any I/O.
 
 mod backend;

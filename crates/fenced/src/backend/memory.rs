@@ -383,3 +383,31 @@ impl Backend for MemoryBackend {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::Client;
+
+    /// The store keeps the names in use, not every name ever used, and a
+    /// name that comes back still gets a higher token than before.
+    #[tokio::test]
+    async fn idle_names_are_dropped_and_tokens_still_rise() {
+        let ns = format!("shrink-{}", uuid::Uuid::new_v4().simple());
+        let c = Client::connect(&format!("memory://{ns}")).await.unwrap();
+        let mut last = 0;
+        for i in 0..500 {
+            let g = c.mutex(&format!("n{i}")).unwrap().acquire().await.unwrap();
+            last = last.max(g.fencing_token());
+            assert!(g.release().await.unwrap());
+        }
+        let store = super::STORES.lock().unwrap().get(&ns).unwrap().clone();
+        assert_eq!(
+            store.locks.lock().unwrap().names.len(),
+            0,
+            "idle names kept"
+        );
+        let g = c.mutex("n0").unwrap().acquire().await.unwrap();
+        assert!(g.fencing_token() > last);
+        assert!(c.status("n7").await.unwrap().last_token >= last);
+    }
+}

@@ -29,6 +29,10 @@ pub(crate) enum Wait {
     Until(Option<Instant>),
 }
 
+/// Transient failures of an attempt tried again at once, before the retry
+/// policy's pauses (and its deadline) apply.
+const QUICK_RETRIES: u32 = 2;
+
 /// A try at a grant, running in a task of its own: a caller that goes away
 /// while it is on its way drops only its wait for the answer, never the
 /// request half-sent, and the withdrawal learns what it did (a grant, a
@@ -78,29 +82,44 @@ async fn attempt_with_retry(
     cleanup: &mut Cleanup<'_>,
 ) -> Result<Outcome> {
     let started = Instant::now();
-    let mut retry = 0;
+    let (mut retry, mut quick) = (0, 0);
     loop {
         let (b, a) = (backend.clone(), attempt.clone());
         cleanup
             .in_flight
             .push(tokio::spawn(async move { b.attempt(&a).await }));
         let handle = cleanup.in_flight.last_mut().expect("just pushed");
-        let result = match tokio::time::timeout(limit, handle).await {
+        let tried = Instant::now();
+        let (result, answered) = match tokio::time::timeout(limit, handle).await {
             Ok(joined) => {
                 cleanup.in_flight.pop();
-                joined.unwrap_or_else(|e| {
+                let r = joined.unwrap_or_else(|e| {
                     Err(Error::unavailable(format!(
                         "an attempt did not finish: {e}"
                     )))
-                })
+                });
+                (r, tried.elapsed())
             }
-            Err(_) => Err(Error::unavailable(format!(
-                "the {} backend did not answer within {limit:?}",
-                backend.scheme()
-            ))),
+            Err(_) => {
+                let e = Error::unavailable(format!(
+                    "the {} backend did not answer within {limit:?}",
+                    backend.scheme()
+                ));
+                (Err(e), limit)
+            }
         };
         match result {
             Ok(outcome) => return Ok(outcome),
+            // A connection that broke (a pooled one the server closed, a
+            // reset) is tried again at once on a fresh one, even by a try
+            // whose deadline is now: the attempt is idempotent by hold id,
+            // and the caller asked whether the lock is free, not whether a
+            // stale connection still works. A server that was slow to
+            // fail, or did not answer at all, is not asked again at once.
+            Err(e) if e.is_transient() && answered < limit / 4 && quick < QUICK_RETRIES => {
+                tracing::debug!(error = %e, "attempt failed; trying again at once");
+                quick += 1;
+            }
             Err(e) if e.is_transient() => {
                 let Some(delay) = policy.delay(retry, started.elapsed()) else {
                     return Err(e);
