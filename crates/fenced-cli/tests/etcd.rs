@@ -353,3 +353,45 @@ async fn ownership_guards_users_own_transactions() {
     let got = etcd.get(format!("{name}:data"), None).await.unwrap();
     assert_eq!(got.kvs()[0].value(), b"mine");
 }
+
+/// Lock `a` is the prefix `a/`, which lock `a/b`'s keys (`a/b/…`) also
+/// start with: `a` must not count them as its holders or waiters. And no
+/// lock may be named into fenced's own records (`fenced.token/…`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_names_are_separate_locks() {
+    let c = EtcdCluster::start();
+    let client = Client::connect(&c.url()).await.unwrap();
+    let parent = unique("orders");
+    let child = format!("{parent}/1001");
+    let g = client.mutex(&child).unwrap().acquire().await.unwrap();
+    let p = client
+        .mutex(&parent)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("lock a is free while lock a/b is held");
+    let st = client.status(&parent).await.unwrap();
+    assert_eq!(st.holders.len(), 1, "{st:?}");
+    assert_eq!(st.holders[0].token, p.fencing_token());
+    assert!(
+        client
+            .election(&parent)
+            .unwrap()
+            .leader()
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(p.release().await.unwrap());
+    assert!(g.release().await.unwrap());
+    for reserved in ["fenced.token", "fenced.register/x", "fenced.anything"] {
+        let e = client
+            .mutex(reserved)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{reserved}: {e}");
+    }
+}

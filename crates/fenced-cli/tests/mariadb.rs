@@ -245,3 +245,49 @@ async fn without_the_grant_function_acquires_take_the_transaction() {
     fenced_testkit::conformance::mutual_exclusion_tasks(&fx).await;
     assert_eq!(exists(), "0", "the role could not create it");
 }
+
+/// A waiter's row names its doorbell's connection id, and ids start again
+/// from 1 when the server restarts while the rows survive it: a release
+/// must never `KILL QUERY` a connection that is not a doorbell. Here a
+/// waiter's row names an ordinary session in a 3 s `SLEEP`: the release
+/// rings nobody, and the sleep ends on its own (`SLEEP` returns 1 when
+/// interrupted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_rings_only_doorbells() {
+    let server = MariaDb::start();
+    let c = Client::connect(&server.url()).await.unwrap();
+    let name = unique("bell");
+    let g = c.mutex(&name).unwrap().acquire().await.unwrap();
+    let sleeper = {
+        let port = server.port;
+        std::thread::spawn(move || {
+            let out = std::process::Command::new("mariadb")
+                .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root", "-N", "-B"])
+                .arg(format!("-P{port}"))
+                .args(["-e", "SELECT CONNECTION_ID(); SELECT SLEEP(3)"])
+                .output()
+                .expect("run mariadb");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+    };
+    // The sleeper's connection id, from the server's own list.
+    let id = loop {
+        let id = server
+            .sql("SELECT ID FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP%'");
+        if !id.is_empty() {
+            break id;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    server.sql(&format!(
+        "INSERT INTO fenced_waiters (name, fair, bell, expires_ms) VALUES \
+         ('{name}', 0, {id}, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) + 60000)"
+    ));
+    assert!(g.release().await.unwrap());
+    let out = sleeper.join().unwrap();
+    assert_eq!(
+        out.lines().last(),
+        Some("0"),
+        "a release rang a connection that is not a doorbell: {out:?}"
+    );
+}

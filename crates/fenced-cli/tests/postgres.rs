@@ -4,32 +4,7 @@
 use fenced::{Client, ErrorKind};
 use fenced_testkit::servers::postgres::PgServer;
 use fenced_testkit::{Timing, unique};
-use std::process::Command;
 use std::time::Duration;
-
-fn psql(server: &PgServer, sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "postgres",
-            "-tAc",
-            sql,
-            "-p",
-        ])
-        .arg(server.port.to_string())
-        .output()
-        .expect("run psql (Debian's postgresql-client)");
-    assert!(
-        out.status.success(),
-        "psql: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 /// Once the restarted server answers, `b` finds `name` held (`why` if not).
 async fn still_held_after_restart(t: &Timing, b: &Client, name: &str, why: &str) {
@@ -59,8 +34,7 @@ async fn holds_survive_killed_connections_and_a_restart() {
         .acquire()
         .await
         .unwrap();
-    let killed = psql(
-        &server,
+    let killed = server.sql(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
          WHERE pid <> pg_backend_pid() AND datname = 'postgres'",
     );
@@ -104,8 +78,8 @@ async fn injection_shaped_names_stay_data() {
         assert_eq!(r.read().await.unwrap().unwrap().0, name.as_bytes());
         assert!(g.release().await.unwrap(), "{name}");
     }
-    assert_eq!(psql(&server, "SELECT count(*) FROM fenced_holds"), "0");
-    assert_eq!(psql(&server, "SELECT count(*) FROM fenced_locks"), "4");
+    assert_eq!(server.sql("SELECT count(*) FROM fenced_holds"), "0");
+    assert_eq!(server.sql("SELECT count(*) FROM fenced_locks"), "4");
 }
 
 /// Bad URLs and unreachable servers get clear errors.
@@ -150,13 +124,9 @@ async fn advisory_session_killed_fires_the_lost_signal() {
         .acquire()
         .await
         .unwrap();
-    let held = psql(
-        &server,
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
-    );
+    let held = server.sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted");
     assert_eq!(held, "1");
-    let killed = psql(
-        &server,
+    let killed = server.sql(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
          WHERE locktype = 'advisory' AND granted",
     );
@@ -190,11 +160,10 @@ async fn advisory_session_killed_fires_the_lost_signal() {
 async fn exclusion_holds_under_stricter_default_isolation() {
     let server = PgServer::start();
     for iso in ["repeatable read", "serializable"] {
-        psql(
-            &server,
-            &format!("ALTER DATABASE postgres SET default_transaction_isolation = '{iso}'"),
-        );
-        assert_eq!(psql(&server, "SHOW default_transaction_isolation"), iso);
+        server.sql(&format!(
+            "ALTER DATABASE postgres SET default_transaction_isolation = '{iso}'"
+        ));
+        assert_eq!(server.sql("SHOW default_transaction_isolation"), iso);
         let fx = fenced_testkit::Fixture::new(server.url(), None, Vec::new());
         fenced_testkit::conformance::mutual_exclusion_tasks(&fx).await;
         fenced_testkit::conformance::semaphore_never_exceeds_permits(&fx).await;
@@ -211,18 +180,12 @@ async fn without_the_grant_function_acquires_take_the_transaction() {
         "fenced_try_grant(text, text, text, smallint, integer, integer, double precision)";
     let server = PgServer::start();
     let first = Client::connect(&server.url()).await.unwrap();
-    let exists = || {
-        psql(
-            &server,
-            &format!("SELECT to_regprocedure('{FUNCTION}') IS NOT NULL"),
-        )
-    };
+    let exists = || server.sql(&format!("SELECT to_regprocedure('{FUNCTION}') IS NOT NULL"));
     assert_eq!(exists(), "t", "created with the tables");
-    psql(&server, &format!("DROP FUNCTION {FUNCTION}"));
+    server.sql(&format!("DROP FUNCTION {FUNCTION}"));
     fenced_testkit::two_holds_in_turn(&first, "nofunction").await;
 
-    psql(
-        &server,
+    server.sql(
         "CREATE ROLE app LOGIN; \
          GRANT SELECT, INSERT, UPDATE, DELETE ON fenced_locks, fenced_holds, fenced_waiters, \
          fenced_registers TO app; \
@@ -238,7 +201,7 @@ async fn without_the_grant_function_acquires_take_the_transaction() {
 
     // Where the tables are missing and the role may not create them, the
     // error says what to do.
-    psql(&server, "CREATE DATABASE bare");
+    server.sql("CREATE DATABASE bare");
     let bare = server
         .url()
         .replace("postgres://postgres@", "postgres://app@")
@@ -261,13 +224,10 @@ async fn grants_survive_a_crash_under_asynchronous_commit() {
     // The tables exist (durably) before the setting changes, so what a
     // crash could lose is the grant itself.
     drop(Client::connect(&server.url()).await.unwrap());
-    psql(&server, "ALTER SYSTEM SET wal_writer_delay = '10s'");
-    psql(&server, "SELECT pg_reload_conf()");
-    psql(
-        &server,
-        "ALTER DATABASE postgres SET synchronous_commit = off",
-    );
-    assert_eq!(psql(&server, "SHOW synchronous_commit"), "off");
+    server.sql("ALTER SYSTEM SET wal_writer_delay = '10s'");
+    server.sql("SELECT pg_reload_conf()");
+    server.sql("ALTER DATABASE postgres SET synchronous_commit = off");
+    assert_eq!(server.sql("SHOW synchronous_commit"), "off");
     let advisory_url = format!("{}?mode=advisory", server.url());
     let (a, b, adv) = (
         Client::connect(&server.url()).await.unwrap(),
@@ -305,5 +265,24 @@ async fn grants_survive_a_crash_under_asynchronous_commit() {
         again.fencing_token()
     );
     assert!(again.release().await.unwrap());
+    assert!(g.release().await.unwrap());
+}
+
+/// `pool=1`: one pooled connection is enough for grants, releases and
+/// renewals; the listener for NOTIFY has a connection of its own (it took
+/// the pool's only one, and every grant waited for it for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pooled_connection_is_enough() {
+    let t = Timing::default();
+    let server = PgServer::start();
+    let c = Client::connect(&format!("{}?pool=1", server.url()))
+        .await
+        .unwrap();
+    let name = unique("pool1");
+    let g = tokio::time::timeout(t.eventually(), c.mutex(&name).unwrap().acquire())
+        .await
+        .expect("a grant with one pooled connection")
+        .unwrap();
+    assert!(!c.status(&name).await.unwrap().is_free());
     assert!(g.release().await.unwrap());
 }

@@ -658,3 +658,138 @@ async fn bad_input_and_faults() {
         "a restart without persistence forgets the lock"
     );
 }
+
+/// A foreign hash on the lock's key with no expiry (a client that sets
+/// none, or an operator's HSET) is a holder with no lease to wait for: a
+/// waiter looks again every 2 s, as it does in the simple layout, not at
+/// once and again (it ran the script every millisecond).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_hash_without_expiry_is_not_polled_hot() {
+    let server = RedisServer::start();
+    let c = Client::connect(&server.url()).await.unwrap();
+    let name = unique("foreign");
+    let mut con = raw_connection(&server);
+    let _: () = redis::cmd("HSET")
+        .arg(&name)
+        .arg("someone-else:1")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    let lock = c.mutex(&name).unwrap();
+    let before = fenced::metrics::redis_round_trips();
+    let got = lock.acquire_timeout(Duration::from_secs(1)).await.unwrap();
+    let trips = fenced::metrics::redis_round_trips() - before;
+    assert!(got.is_none(), "the foreign holder keeps the lock");
+    assert!(
+        trips < 20,
+        "a waiter ran {trips} requests in one second against a holder without expiry"
+    );
+}
+
+/// RedLock: masters that stop answering for a while (less than the lease)
+/// make renewals fail, not report the hold taken: no majority said it
+/// was gone. The hold stays believed, and renews again once they answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_errors_are_not_a_lost_hold() {
+    let t = Timing::default();
+    let masters = RedisMasters::start(3);
+    let c = Client::connect(&masters.url()).await.unwrap();
+    let g = c
+        .mutex(&unique("rl-mute"))
+        .unwrap()
+        .lease(t.ms(3000))
+        .acquire()
+        .await
+        .unwrap();
+    for s in &masters.servers[1..] {
+        s.process().unwrap().signal(Signal::SIGSTOP);
+    }
+    // Two renewals' worth (one a second): each meets two silent masters.
+    tokio::time::sleep(t.ms(1500)).await;
+    for s in &masters.servers[1..] {
+        s.process().unwrap().signal(Signal::SIGCONT);
+    }
+    let lost = tokio::time::timeout(t.ms(2500), g.lost()).await;
+    assert!(
+        lost.is_err(),
+        "masters that did not answer were taken for masters that said the hold was gone: {lost:?}"
+    );
+    assert!(g.is_held());
+    assert!(g.release().await.unwrap());
+}
+
+/// `WAIT` for `min_replicas` holds the connection it is sent on until the
+/// replicas answer: it runs on a connection of its own, so renewals never
+/// queue behind it. With the replicas stopped, grants that wait for them
+/// fail one after another, and a short-lease hold of the same client is
+/// renewed all the while.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_replicas_does_not_stall_renewals() {
+    let t = Timing::default();
+    let group = RedisSentinel::start();
+    let url = format!("{}?min_replicas=1&wait_timeout=1s", group.url());
+    let c = Client::connect(&url).await.unwrap();
+    let held = c
+        .mutex(&unique("short"))
+        .unwrap()
+        .lease(t.ms(600))
+        .acquire()
+        .await
+        .unwrap();
+    for n in &group.nodes[1..] {
+        n.process().unwrap().signal(Signal::SIGSTOP);
+    }
+    for _ in 0..3 {
+        let e = c
+            .mutex(&unique("waits"))
+            .unwrap()
+            .retry(RetryPolicy::Never)
+            .try_acquire()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        assert!(
+            held.is_held(),
+            "a WAIT stalled the renewals of another hold"
+        );
+    }
+    for n in &group.nodes[1..] {
+        n.process().unwrap().signal(Signal::SIGCONT);
+    }
+    assert!(held.release().await.unwrap());
+}
+
+/// On a Cluster, `WAIT` for `min_replicas` asks the master of the lock's
+/// slot alone: the cluster client sends a bare `WAIT` to every master and
+/// answers with the fewest replicas any shard has, so one shard whose
+/// replica is down failed the grants of every other shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waits_for_the_replicas_of_the_lock_shard_only() {
+    use fenced_testkit::servers::redis::RedisCluster;
+    let cluster = RedisCluster::start_with_replicas(3, true);
+    let slot_of = |name: &str| -> u64 {
+        redis::from_redis_value(cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", name]).unwrap())
+            .unwrap()
+    };
+    // A name in the first shard (slots 0..5461), and the second shard's
+    // replica stopped.
+    let name = (0..)
+        .map(|_| unique("shard0"))
+        .find(|n| slot_of(n) < 16384 / 3)
+        .unwrap();
+    cluster.nodes[4].process().unwrap().signal(Signal::SIGSTOP);
+    let c = Client::connect(&format!("{}?min_replicas=1&wait_timeout=1s", cluster.url()))
+        .await
+        .unwrap();
+    let g = c
+        .mutex(&name)
+        .unwrap()
+        .retry(RetryPolicy::Never)
+        .try_acquire()
+        .await;
+    cluster.nodes[4].process().unwrap().signal(Signal::SIGCONT);
+    let g = g
+        .expect("the lock's own shard has its replica: the grant must not fail")
+        .expect("free");
+    assert!(g.release().await.unwrap());
+}

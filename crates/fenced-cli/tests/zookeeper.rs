@@ -267,3 +267,28 @@ async fn bad_input_and_faults() {
     assert!(st.is_free());
     client.close().await;
 }
+
+/// The last-token record of a lock never goes backwards: an owner that
+/// holds write and takes read (the downgrade) releases the read (the
+/// higher token) first; the write's release must not write its own,
+/// lower token over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_token_record_never_goes_backwards() {
+    let z = ZkEnsemble::start();
+    let c = Client::connect(&z.url()).await.unwrap();
+    let name = unique("lasttoken");
+    let me = fenced::Owner::new();
+    let rw = c.rwlock(&name).unwrap();
+    let w = rw.write().owner(&me).acquire().await.unwrap();
+    let r = rw.read().owner(&me).acquire().await.unwrap();
+    let top = r.fencing_token();
+    assert!(top > w.fencing_token());
+    assert!(r.release().await.unwrap());
+    assert!(w.release().await.unwrap());
+    let st = c.status(&name).await.unwrap();
+    assert!(st.is_free());
+    assert_eq!(
+        st.last_token, top,
+        "the record went back to the write's token"
+    );
+}

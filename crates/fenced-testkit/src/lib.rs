@@ -95,7 +95,8 @@ macro_rules! conformance_suite {
     (@group network, $fixture:expr) => {
         $crate::conformance_suite!(@tests $fixture, [
             partitioned_holder_is_told_first, cut_connections_keep_or_lose_cleanly,
-            a_lost_reply_is_not_a_second_grant, a_grant_past_its_lease_is_not_returned
+            a_lost_reply_is_not_a_second_grant, a_grant_past_its_lease_is_not_returned,
+            calls_return_when_the_server_stops_answering
         ]);
     };
     (@group run_cut_off, $fixture:expr) => {

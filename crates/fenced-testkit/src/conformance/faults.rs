@@ -436,3 +436,64 @@ pub async fn cut_off_run_is_killed_before_the_next_runs(fx: &Fixture) {
         (last_first - second_start) / 1_000_000
     );
 }
+
+/// A client whose server stops answering (a partition: bytes held back,
+/// sockets left open) still gets an answer from every call within about
+/// a request timeout (5 s by default) past the call's own deadline: an
+/// error, not a hang. `try_acquire`, `acquire_timeout`, `status`, a
+/// register read, a release (the background takes it over) and `close`.
+pub async fn calls_return_when_the_server_stops_answering(fx: &Fixture) {
+    let t = Timing::default();
+    let iso = fx
+        .isolated()
+        .await
+        .expect("this backend has network faults");
+    let c = &iso.client;
+    let name = unique("mute");
+    let held = c
+        .mutex(&unique("mute-held"))
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let mut dropped = Vec::new();
+    for _ in 0..3 {
+        dropped.push(
+            c.mutex(&unique("mute-drop"))
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    let reg = c.register(&unique("mute-reg")).unwrap();
+    iso.partition(true);
+    // Generous: a request timeout, its retries' slack, and a scale for a
+    // loaded machine. What fails here is a call that never returns.
+    let bound = t.eventually() + Duration::from_secs(5);
+    let lock = c.mutex(&name).unwrap();
+    timeout(bound, lock.try_acquire())
+        .await
+        .expect("try_acquire returns while the server is silent")
+        .expect_err("nothing is granted while the server is silent");
+    timeout(bound, lock.acquire_timeout(t.ms(100)))
+        .await
+        .expect("acquire_timeout returns while the server is silent")
+        .expect_err("nothing is granted while the server is silent");
+    timeout(bound, c.status(&name))
+        .await
+        .expect("status returns while the server is silent")
+        .expect_err("no status while the server is silent");
+    timeout(bound, reg.read())
+        .await
+        .expect("a register read returns while the server is silent")
+        .expect_err("no value while the server is silent");
+    let _ = timeout(bound, held.release())
+        .await
+        .expect("release returns while the server is silent");
+    drop(dropped);
+    timeout(bound, c.close())
+        .await
+        .expect("close returns while the server is silent");
+    iso.partition(false);
+}

@@ -7,6 +7,94 @@ mod faults;
 pub use faults::*;
 
 use crate::{Fixture, Timing, unique};
+
+/// Every test of the suite, for the completeness check: each backend runs
+/// or skips each one (or its alternative, [`ALTERNATIVES`]).
+pub const TESTS: &[&str] = &[
+    "mutual_exclusion_tasks",
+    "owner_only_release",
+    "reentrancy_counts",
+    "tasks_of_one_client_exclude",
+    "lease_expiry_frees_dead_holder",
+    "watchdog_keeps_slow_holder",
+    "fencing_tokens_increase",
+    "fencing_tokens_increase_mutex",
+    "lost_signal_when_taken",
+    "lost_signal_when_lease_ends",
+    "try_and_timeout",
+    "waiter_is_woken_by_release",
+    "dropped_guard_releases",
+    "cancelled_wait_leaves_nothing",
+    "fair_mode_is_fifo",
+    "fair_mode_is_refused",
+    "shared_modes_are_refused",
+    "leader_election_hands_over",
+    "semaphore_is_refused",
+    "readers_share_writers_exclude",
+    "semaphore_never_exceeds_permits",
+    "versioned_values_lose_no_update",
+    "fenced_register_rejects_stale_tokens",
+    "multilock_is_all_or_nothing",
+    "striped_segments_are_independent",
+    "bad_input_is_refused",
+    "processes_exclude_each_other",
+    "killed_holder_process_frees_lock",
+    "partitioned_holder_is_told_first",
+    "killed_session_is_reported",
+    "cut_connections_keep_or_lose_cleanly",
+    "tokens_rise_across_a_restart",
+    "cancelled_acquires_leave_nothing",
+    "cancelled_reads_beside_own_write_leave_nothing",
+    "a_lost_reply_is_not_a_second_grant",
+    "a_grant_past_its_lease_is_not_returned",
+    "cut_off_run_is_killed_before_the_next_runs",
+    "calls_return_when_the_server_stops_answering",
+];
+
+/// Tests that check one thing two ways, one for backends that have a
+/// feature and one for those that refuse it: a backend runs either.
+pub const ALTERNATIVES: &[(&str, &str)] = &[
+    ("fencing_tokens_increase", "fencing_tokens_increase_mutex"),
+    ("fair_mode_is_fifo", "fair_mode_is_refused"),
+    ("semaphore_never_exceeds_permits", "semaphore_is_refused"),
+    ("readers_share_writers_exclude", "shared_modes_are_refused"),
+    ("semaphore_is_refused", "shared_modes_are_refused"),
+    (
+        "cancelled_reads_beside_own_write_leave_nothing",
+        "shared_modes_are_refused",
+    ),
+    ("cancelled_wait_leaves_nothing", "fair_mode_is_refused"),
+];
+
+/// The backends (modules of a test binary made by
+/// [`conformance_suite!`](crate::conformance_suite)) that neither run nor
+/// skip some test, with the tests; `listing` is the binary's `--list`.
+pub fn incomplete(listing: &str) -> Vec<(String, Vec<&'static str>)> {
+    let mut backends: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
+        Default::default();
+    for line in listing.lines() {
+        let Some(test) = line.strip_suffix(": test") else {
+            continue;
+        };
+        if let Some((backend, name)) = test.split_once("::") {
+            backends.entry(backend).or_default().insert(name);
+        }
+    }
+    backends
+        .into_iter()
+        .filter_map(|(backend, listed)| {
+            let covered = |t: &str| {
+                listed.contains(t)
+                    || ALTERNATIVES.iter().any(|&(a, b)| {
+                        (a == t && listed.contains(b)) || (b == t && listed.contains(a))
+                    })
+            };
+            let missing: Vec<&str> = TESTS.iter().copied().filter(|t| !covered(t)).collect();
+            (!missing.is_empty()).then(|| (backend.to_owned(), missing))
+        })
+        .collect()
+}
+
 use fenced::{ErrorKind, LostReason, MultiLock, Owner};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -803,6 +891,14 @@ pub async fn fenced_register_rejects_stale_tokens(fx: &Fixture) {
     assert_eq!(reg.try_decrement(2).await.unwrap(), Some(3));
     assert_eq!(reg.try_decrement(4).await.unwrap(), None);
     assert_eq!(reg.read_i64().await.unwrap(), Some(3));
+    // Tokens past 2^53 (where a double stops counting by one) are told
+    // apart exactly: the lower one is stale.
+    let big = c.register(&unique("reg-big")).unwrap();
+    let top = (1u64 << 53) + 2;
+    big.write_with_token(top, "a").await.unwrap();
+    let e = big.write_with_token(top - 1, "stale").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StaleToken, "{e}");
+    assert_eq!(big.read().await.unwrap(), Some((b"a".to_vec(), top)));
     reg.write_unfenced("7").await.unwrap();
     assert_eq!(
         reg.read().await.unwrap(),
@@ -1061,4 +1157,36 @@ pub async fn killed_holder_process_frees_lock(fx: &Fixture) {
         .await
         .unwrap();
     assert!(got.is_some(), "a killed holder's lease must free the lock");
+}
+
+#[cfg(test)]
+mod tests {
+    /// [`super::TESTS`] names every test in the suite's sources.
+    #[test]
+    fn every_test_is_listed() {
+        let sources = [include_str!("mod.rs"), include_str!("faults.rs")];
+        let mut found: Vec<&str> = sources
+            .iter()
+            .flat_map(|s| s.lines())
+            .filter_map(|l| l.strip_prefix("pub async fn "))
+            .filter_map(|l| l.split_once("(fx: &Fixture)").map(|(n, _)| n))
+            .collect();
+        found.sort_unstable();
+        let mut listed = super::TESTS.to_vec();
+        listed.sort_unstable();
+        assert_eq!(found, listed);
+    }
+
+    #[test]
+    fn a_backend_missing_a_test_is_incomplete() {
+        let listing = super::TESTS
+            .iter()
+            .map(|t| format!("full::{t}: test\n"))
+            .chain(["short::bad_input_is_refused: test\n".to_owned()])
+            .collect::<String>();
+        let gaps = super::incomplete(&listing);
+        assert_eq!(gaps.len(), 1);
+        assert_eq!(gaps[0].0, "short");
+        assert!(!gaps[0].1.contains(&"bad_input_is_refused"));
+    }
 }

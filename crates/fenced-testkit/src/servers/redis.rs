@@ -264,16 +264,24 @@ impl RedisSentinel {
     }
 }
 
-/// A Redis Cluster of `n` masters (no replicas), slots split evenly.
+/// A Redis Cluster of `n` masters, slots split evenly, and as many
+/// replicas (none, or one per master).
 pub struct RedisCluster {
-    /// The masters.
+    /// The masters, then the replicas (replica `n + i` follows master `i`).
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
-    /// Starts the nodes, assigns slots, joins them and waits for `cluster_state:ok` everywhere.
+    /// `n` masters, no replicas: starts the nodes, assigns slots, joins
+    /// them and waits for `cluster_state:ok` everywhere.
     pub fn start(n: usize) -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..n)
+        RedisCluster::start_with_replicas(n, false)
+    }
+
+    /// `n` masters and, with `replicas`, one replica each, in sync.
+    pub fn start_with_replicas(n: usize, replicas: bool) -> RedisCluster {
+        let total = if replicas { 2 * n } else { n };
+        let nodes: Vec<RedisServer> = (0..total)
             .map(|_| {
                 RedisServer::start_with(&[
                     "--cluster-enabled",
@@ -283,7 +291,7 @@ impl RedisCluster {
                 ])
             })
             .collect();
-        for (i, s) in nodes.iter().enumerate() {
+        for (i, s) in nodes[..n].iter().enumerate() {
             let lo = 16384 * i / n;
             let hi = 16384 * (i + 1) / n - 1;
             s.cmd(&["CLUSTER", "ADDSLOTSRANGE", &lo.to_string(), &hi.to_string()])
@@ -296,8 +304,28 @@ impl RedisCluster {
         }
         let until = std::time::Instant::now() + READY;
         for s in &nodes {
-            while info_cluster(s.port, n).as_deref() != Some("ok") {
+            while info_cluster(s.port, total).as_deref() != Some("ok") {
                 assert!(std::time::Instant::now() < until, "cluster never became ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        for i in 0..total.saturating_sub(n) {
+            let id: String =
+                redis::from_redis_value(nodes[i].cmd(&["CLUSTER", "MYID"]).expect("CLUSTER MYID"))
+                    .expect("a node id");
+            let replica = &nodes[n + i];
+            while replica.cmd(&["CLUSTER", "REPLICATE", &id]).is_err() {
+                // The replica learns the master's id by gossip first.
+                assert!(
+                    std::time::Instant::now() < until,
+                    "a replica never followed"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            while info_field(replica.port, "replication", "master_link_status").as_deref()
+                != Some("up")
+            {
+                assert!(std::time::Instant::now() < until, "a replica never synced");
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
