@@ -1124,9 +1124,18 @@ fn markdown_table(jsonl: &str) -> anyhow::Result<String> {
         .filter(|(k, _)| e[k] == "measured")
         .map(|(_, id)| id)
         .collect();
+        let topology = format!(
+            "{}{}",
+            r["topology"].as_str().unwrap_or("?"),
+            if r["defaults"] == true {
+                " (defaults)"
+            } else {
+                ""
+            }
+        );
         out += &format!(
             "| {} | {} | {} | {} ({:.0}) | {} | {} | {} | {} | {} ({}) | {} / {} ms | {} | {} | {} |\n",
-            r["topology"].as_str().unwrap_or("?"),
+            topology,
             if injected.is_empty() {
                 "none".to_owned()
             } else {
