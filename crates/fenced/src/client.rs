@@ -111,6 +111,20 @@ impl Client {
         &self.inner.url
     }
 
+    /// How long one request to the backend may take before it counts as
+    /// failed: the URL's `timeout=`, 5 s by default (SQLite waits as long
+    /// on a locked database file).
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let client = fenced::Client::connect("memory://").await?;
+    /// assert_eq!(client.request_timeout(), std::time::Duration::from_secs(5));
+    /// # Ok::<_, fenced::Error>(()) }).unwrap();
+    /// ```
+    pub fn request_timeout(&self) -> std::time::Duration {
+        self.inner.backend.request_timeout()
+    }
+
     /// A mutex: one holder at a time. Every acquisition is its own owner,
     /// so tasks that share this client exclude each other; name an
     /// [`Owner`](crate::Owner) for reentrancy.

@@ -294,6 +294,20 @@ impl Endpoints {
         })
     }
 
+    /// Takes `timeout=` (how long one request may take): a positive
+    /// duration, [`DEFAULT_TIMEOUT`](crate::backend::DEFAULT_TIMEOUT) when
+    /// absent.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
+        allow(dead_code)
+    )]
+    pub(crate) fn take_timeout(&mut self) -> Result<std::time::Duration> {
+        match self.take("timeout") {
+            None => Ok(crate::backend::DEFAULT_TIMEOUT),
+            Some(v) => parse_timeout(&v, &self.redacted),
+        }
+    }
+
     /// Takes `key` as a number.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn take_number<T: std::str::FromStr>(&mut self, key: &str) -> Result<Option<T>> {
@@ -320,6 +334,26 @@ impl Endpoints {
             ))),
         }
     }
+}
+
+/// The `timeout=` of a URL (`label` names it in the error): a positive
+/// duration.
+#[cfg_attr(
+    not(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis",
+        feature = "etcd",
+        feature = "zookeeper"
+    )),
+    allow(dead_code)
+)]
+pub(crate) fn parse_timeout(v: &str, label: &str) -> Result<std::time::Duration> {
+    parse_duration(v).filter(|t| !t.is_zero()).ok_or_else(|| {
+        Error::invalid(format!(
+            "timeout={v:?} in {label:?}: a positive duration like 500ms or 5s"
+        ))
+    })
 }
 
 /// `250ms`, `2s`, `1m`, `1h` or bare milliseconds.

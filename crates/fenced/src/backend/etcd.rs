@@ -48,7 +48,7 @@ use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, NativeLeader,
     Outcome, RegisterValue, Renewal, Ticket, lease_runs_out, lock,
 };
-use crate::core::hold::{Bound, believed_until};
+use crate::core::hold::{SessionClock, believed_until};
 use crate::core::machine::permits_differ;
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
@@ -67,7 +67,6 @@ use tokio::time::Instant;
 
 const DEFAULT_PORT: u16 = 2379;
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
-use super::DEFAULT_TIMEOUT;
 const PARAMS: &[&str] = &["lease_ttl", "timeout"];
 const TOKEN_PREFIX: &str = "fenced.token/";
 /// What no lock name may start with on etcd: fenced's own records.
@@ -134,42 +133,11 @@ struct Session {
     ttl: i64,
     /// Bumped when the lease changes.
     epoch: AtomicU64,
-    /// The lease the bound is of, and until when the server is known to
-    /// keep it: the send time of the last keep-alive it answered, plus the
-    /// TTL it granted, less the drift holds allow for. Every hold of the
-    /// lease is believed no longer than this (see `core::hold`).
-    bound: Mutex<(i64, watch::Sender<Instant>)>,
-}
-
-impl Session {
-    /// The bound of lease `id`: the live one's, or one already run out if
-    /// `id` is not the live lease any more.
-    fn bound_of(&self, id: i64) -> Bound {
-        let b = lock(&self.bound);
-        if b.0 == id {
-            b.1.subscribe()
-        } else {
-            watch::channel(Instant::now()).1
-        }
-    }
-
-    /// Lease `id` is confirmed until `until`.
-    fn confirm(&self, id: i64, until: Instant) {
-        let mut b = lock(&self.bound);
-        if b.0 != id {
-            *b = (id, watch::Sender::new(until));
-        } else {
-            b.1.send_replace(until);
-        }
-    }
-
-    /// Lease `id` may be gone: its holds are lost now.
-    fn end(&self, id: i64) {
-        let b = lock(&self.bound);
-        if b.0 == id {
-            b.1.send_replace(Instant::now());
-        }
-    }
+    /// Until when the server is known to keep the lease: the send time
+    /// of the last keep-alive it answered, plus the TTL it granted, less
+    /// the drift holds allow for. Every hold of the lease is believed no
+    /// longer than this (see `core::hold`).
+    clock: SessionClock<i64>,
 }
 
 pub(crate) struct EtcdBackend {
@@ -207,12 +175,7 @@ impl EtcdBackend {
                 "lease_ttl={ttl:?} in {label:?}: etcd leases count whole seconds, from 1 s to 1 h"
             )));
         }
-        let timeout = ep.take_duration("timeout")?.unwrap_or(DEFAULT_TIMEOUT);
-        if timeout.is_zero() {
-            return Err(Error::invalid(format!(
-                "timeout=0 in {label:?}: give a positive duration"
-            )));
-        }
+        let timeout = ep.take_timeout()?;
         ep.finish(PARAMS)?;
         if !ep.path.is_empty() {
             return Err(Error::invalid(format!(
@@ -253,13 +216,10 @@ impl EtcdBackend {
                 lease: AtomicI64::new(first.id()),
                 ttl: first.ttl().max(ttl_s),
                 epoch: AtomicU64::new(0),
-                bound: Mutex::new((
+                clock: SessionClock::new(
                     first.id(),
-                    watch::Sender::new(believed_until(
-                        granted,
-                        Duration::from_secs(first.ttl().max(1) as u64),
-                    )),
-                )),
+                    believed_until(granted, Duration::from_secs(first.ttl().max(1) as u64)),
+                ),
             },
             keys: Mutex::new(HashMap::new()),
             next_suffix: AtomicU64::new(1),
@@ -287,7 +247,7 @@ async fn keep_alive(inner: Arc<Inner>, granted: Instant) {
             match etcd.lease_grant(inner.session.ttl, None).await {
                 Ok(r) => {
                     lives_until = believed_until(sent, Duration::from_secs(r.ttl().max(1) as u64));
-                    inner.session.confirm(r.id(), lives_until);
+                    inner.session.clock.start(r.id(), lives_until);
                     inner.session.lease.store(r.id(), Ordering::Release);
                     inner.session.epoch.fetch_add(1, Ordering::AcqRel);
                     inner.wakeups.bump_all();
@@ -319,7 +279,7 @@ async fn keep_alive(inner: Arc<Inner>, granted: Instant) {
             match ok {
                 Some(secs) if secs > 0 => {
                     lives_until = believed_until(sent, Duration::from_secs(secs as u64));
-                    inner.session.confirm(id, lives_until);
+                    inner.session.clock.confirm(id, lives_until);
                 }
                 // The server says the lease is gone.
                 Some(_) => {
@@ -348,7 +308,7 @@ fn drop_session(inner: &Inner, id: i64) {
         .is_ok()
     {
         tracing::warn!(lease = id, "etcd session lease lost; its holds are lost");
-        inner.session.end(id);
+        inner.session.clock.end(id);
         inner.session.epoch.fetch_add(1, Ordering::AcqRel);
         inner.wakeups.bump_all();
         // A lease we stopped hearing about may still live on the server,
@@ -367,8 +327,20 @@ fn drop_session(inner: &Inner, id: i64) {
     }
 }
 
+/// Whether etcd refused a request because its lease no longer exists.
+fn lease_gone(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::NotFound && s.message().contains("lease not found"))
+}
+
 fn map_err(label: &str, e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
+    if lease_gone(&e) {
+        return Error::unavailable(format!(
+            "etcd at {label}: this client's session lease ran out; a new one is on its way"
+        ))
+        .with_source(e);
+    }
     match &e {
         E::GRpcStatus(s) => {
             use tonic::Code as C;
@@ -566,7 +538,17 @@ impl Inner {
                 ])
                 .or_else([queue_get(&prefix)])
         };
-        let r = etcd.txn(txn).await.map_err(|e| self.err(e))?;
+        let r = match etcd.txn(txn).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The server let our session lease run out before the
+                // keep-alive noticed: start a new session, then try again.
+                if lease_gone(&e) {
+                    drop_session(self, lease);
+                }
+                return Err(self.err(e));
+            }
+        };
         let created = !known && r.succeeded();
         let at = revision(&r);
         let kvs = own_level(&prefix, gets(&r).pop().unwrap_or_default());
@@ -596,17 +578,25 @@ impl Inner {
                 if let Some(w) = lock(&own.watcher).take() {
                     w.abort();
                 }
-                let (tx, rx) = watch::channel(Instant::now() + req.lease);
-                *lock(&own.deadline) = Some(tx);
-                let me = self.clone();
-                let id = req.hold_id.clone();
-                tokio::spawn(async move {
-                    lease_runs_out(rx).await;
-                    me.end_patiently(&id, super::queue::TRIES_WAITED_ON).await;
-                });
+                // A second answer for one hold (a try that outlived its
+                // caller's patience, answered after the next) keeps the
+                // first grant's lease: a second deadline would orphan the
+                // first's expiry task, which would end the hold early.
+                let mut deadline = lock(&own.deadline);
+                if deadline.is_none() {
+                    let (tx, rx) = watch::channel(Instant::now() + req.lease);
+                    *deadline = Some(tx);
+                    let me = self.clone();
+                    let id = req.hold_id.clone();
+                    tokio::spawn(async move {
+                        lease_runs_out(rx).await;
+                        me.end_patiently(&id, super::queue::TRIES_WAITED_ON).await;
+                    });
+                }
+                drop(deadline);
                 Ok(Outcome::Granted {
                     token: rev as u64,
-                    session: Some(self.session.bound_of(own.lease)),
+                    session: Some(self.session.clock.bound_of(own.lease)),
                 })
             }
             Wait::Refused(theirs) => {

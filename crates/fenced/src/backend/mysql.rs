@@ -211,15 +211,7 @@ impl MySqlBackend {
         let mut kept = Vec::new();
         for (k, v) in parsed.query_pairs() {
             match k.as_ref() {
-                "timeout" => {
-                    timeout = crate::url::parse_duration(&v)
-                        .filter(|t| !t.is_zero())
-                        .ok_or_else(|| {
-                            Error::invalid(format!(
-                                "timeout={v:?} in {label:?}: a positive duration like 500ms or 5s"
-                            ))
-                        })?;
-                }
+                "timeout" => timeout = crate::url::parse_timeout(&v, &label)?,
                 "pool" => {
                     pool_size = v
                         .parse()

@@ -30,6 +30,7 @@
 //!   `/fenced.meta/tokens/N`; registers live in `/fenced.meta/registers/N`
 //!   (20 digits of fence, `:`, value), changed by compare-and-set on the
 //!   node's version.
+//! - **Timeouts**: `timeout=` bounds each request (default 5 s).
 //! - **Security**: with `?digest=user:password` the session authenticates
 //!   and every node fenced creates gets the ACL `auth` (creator only).
 //!
@@ -42,7 +43,7 @@ use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
     RegisterValue, Renewal, Ticket, lease_runs_out, lock,
 };
-use crate::core::hold::{Bound, believed_until};
+use crate::core::hold::{SessionClock, believed_until};
 use crate::core::machine::permits_differ;
 use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
@@ -58,7 +59,7 @@ use zookeeper_client as zk;
 
 const DEFAULT_PORT: u16 = 2181;
 const DEFAULT_SESSION: Duration = Duration::from_secs(10);
-const PARAMS: &[&str] = &["session_timeout", "digest"];
+const PARAMS: &[&str] = &["session_timeout", "digest", "timeout"];
 const TOKENS: &str = "/fenced.meta/tokens";
 const REGISTERS: &str = "/fenced.meta/registers";
 
@@ -157,15 +158,17 @@ impl Drop for ZkBackend {
 struct Inner {
     /// The live session's client, and its number (bumped per session).
     zk: Mutex<(zk::Client, u64)>,
-    /// The session the bound is of, and until when the server is known to
-    /// keep it: the send time of the last request it answered, plus the
-    /// negotiated session timeout, less the drift holds allow for. Every
-    /// node of the session is believed no longer than this.
-    bound: Mutex<(u64, watch::Sender<Instant>)>,
+    /// Until when the server is known to keep the session (by number): the
+    /// send time of the last request it answered, plus the negotiated
+    /// session timeout, less the drift holds allow for. Every node of the
+    /// session is believed no longer than this.
+    clock: SessionClock<u64>,
     /// `zk://` and the hosts, sorted, and the chroot.
     identity: String,
     connect: String,
     session_timeout: Duration,
+    /// How long one request may take (`timeout=`).
+    timeout: Duration,
     digest: Option<String>,
     label: String,
     wakeups: Arc<Wakeups>,
@@ -191,6 +194,11 @@ fn map_err(label: &str, e: zk::Error) -> Error {
             Error::unavailable(format!("ZooKeeper at {label} cannot serve us now: {e}"))
                 .with_source(e)
         }
+        // The client's own connection-level failures (an I/O error, a
+        // server silent past the connection timeout): it reconnects.
+        E::Custom(_) => {
+            Error::unavailable(format!("ZooKeeper at {label} is unreachable: {e}")).with_source(e)
+        }
         _ => Error::protocol(format!("ZooKeeper at {label} answered: {e}")).with_source(e),
     }
 }
@@ -210,6 +218,7 @@ impl ZkBackend {
                  server bounds it further by its tickTime)"
             )));
         }
+        let timeout = ep.take_timeout()?;
         if ep.user.is_some() || ep.password.is_some() {
             return Err(Error::invalid(format!(
                 "{label:?}: ZooKeeper takes credentials as ?digest=user:password, not in the host part"
@@ -240,10 +249,11 @@ impl ZkBackend {
         let bound = believed_until(dialed, first.session_timeout());
         let inner = Inner {
             zk: Mutex::new((first, 1)),
-            bound: Mutex::new((1, watch::Sender::new(bound))),
+            clock: SessionClock::new(1, bound),
             identity,
             connect,
             session_timeout,
+            timeout,
             digest,
             label,
             wakeups: Arc::new(Wakeups::default()),
@@ -295,7 +305,7 @@ async fn monitor(inner: Arc<Inner>) {
             inner.wakeups.bump_all();
         }
         beat.abort();
-        inner.end_session(number);
+        inner.clock.end(number);
         tracing::warn!(
             session = number,
             "ZooKeeper session ended; its holds are lost, opening a new one"
@@ -321,53 +331,38 @@ async fn monitor(inner: Arc<Inner>) {
         };
         let n = inner.sessions.fetch_add(1, Ordering::AcqRel) + 1;
         let until = believed_until(dialed, fresh.session_timeout());
-        *lock(&inner.bound) = (n, watch::Sender::new(until));
+        inner.clock.start(n, until);
         *lock(&inner.zk) = (fresh, n);
         inner.wakeups.bump_all();
     }
 }
 
-/// Asks the server about the session's root every quarter of the
-/// negotiated session timeout, and moves the session's bound to the send
-/// time of each answered request plus that timeout: the server expires a
-/// session it has not heard from for that long, and heard this request no
-/// earlier than it was sent. (The client's own pings would do, but it does
+/// Sends a `sync` every quarter of the negotiated session timeout, and
+/// moves the session's bound to the send time of each answered one plus
+/// three quarters of that timeout. The leader expires a session it has not
+/// heard of for the timeout; a `sync` is answered only through the leader,
+/// so a server cut off from it (which still answers reads until it gives
+/// up on the leader) confirms nothing. The server we talk to touched the
+/// session when our request came in, but tells the leader only at its next
+/// ping, up to half a tick later; the server holds the timeout to at least
+/// two ticks, so a quarter of it covers that lag. (The client's own pings
+/// would not do: they stop at the server we talk to, and the client does
 /// not say when it last heard one.)
 async fn heartbeat(inner: Arc<Inner>, z: zk::Client, number: u64) {
     let timeout = z.session_timeout();
     let period = (timeout / 4).max(Duration::from_millis(50));
     loop {
         let sent = Instant::now();
-        if let Ok(Ok(_)) = tokio::time::timeout(period * 2, z.check_stat("/")).await {
-            let b = lock(&inner.bound);
-            if b.0 == number {
-                b.1.send_replace(believed_until(sent, timeout));
-            }
+        if let Ok(Ok(())) = tokio::time::timeout(period * 2, z.sync("/")).await {
+            inner
+                .clock
+                .confirm(number, believed_until(sent, timeout - timeout / 4));
         }
         tokio::time::sleep_until(sent + period).await;
     }
 }
 
 impl Inner {
-    /// The bound of session `number`: the live one's, or one already run
-    /// out if that session has ended.
-    fn bound_of(&self, number: u64) -> Bound {
-        let b = lock(&self.bound);
-        if b.0 == number {
-            b.1.subscribe()
-        } else {
-            watch::channel(Instant::now()).1
-        }
-    }
-
-    /// Session `number` has ended: its holds are lost now.
-    fn end_session(&self, number: u64) {
-        let b = lock(&self.bound);
-        if b.0 == number {
-            b.1.send_replace(Instant::now());
-        }
-    }
-
     async fn dial(
         connect: &str,
         session_timeout: Duration,
@@ -598,18 +593,26 @@ impl Inner {
                 if let Some(w) = lock(&own.watcher).take() {
                     w.abort();
                 }
-                let (tx, rx) = watch::channel(Instant::now() + req.lease);
-                *lock(&own.deadline) = Some(tx);
                 self.mark_earlier_holds(&own, token);
-                let me = self.clone();
-                let id = req.hold_id.clone();
-                tokio::spawn(async move {
-                    lease_runs_out(rx).await;
-                    me.end_patiently(&id, super::queue::TRIES_WAITED_ON).await;
-                });
+                // A second answer for one hold (a try that outlived its
+                // caller's patience, answered after the next) keeps the
+                // first grant's lease: a second deadline would orphan the
+                // first's expiry task, which would end the hold early.
+                let mut deadline = lock(&own.deadline);
+                if deadline.is_none() {
+                    let (tx, rx) = watch::channel(Instant::now() + req.lease);
+                    *deadline = Some(tx);
+                    let me = self.clone();
+                    let id = req.hold_id.clone();
+                    tokio::spawn(async move {
+                        lease_runs_out(rx).await;
+                        me.end_patiently(&id, super::queue::TRIES_WAITED_ON).await;
+                    });
+                }
+                drop(deadline);
                 Ok(Outcome::Granted {
                     token: token as u64,
-                    session: Some(self.bound_of(own.session)),
+                    session: Some(self.clock.bound_of(own.session)),
                 })
             }
             Wait::Refused(theirs) => {
@@ -856,6 +859,10 @@ impl Backend for ZkBackend {
             });
             Ok(futures_util::future::join_all(checks).await)
         })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.inner.timeout
     }
 
     fn identity(&self) -> String {

@@ -84,11 +84,17 @@ async fn attempt_with_retry(
     let started = Instant::now();
     let (mut retry, mut quick) = (0, 0);
     loop {
-        let (b, a) = (backend.clone(), attempt.clone());
-        cleanup
-            .in_flight
-            .push(tokio::spawn(async move { b.attempt(&a).await }));
-        let handle = cleanup.in_flight.last_mut().expect("just pushed");
+        // One try at a time: a try that outlived `limit` is waited on
+        // again rather than raced by a second one for the same hold id
+        // (two answers for one hold would each set it up). Every backend
+        // bounds its own calls, so a pending try ends.
+        if cleanup.in_flight.is_empty() {
+            let (b, a) = (backend.clone(), attempt.clone());
+            cleanup
+                .in_flight
+                .push(tokio::spawn(async move { b.attempt(&a).await }));
+        }
+        let handle = cleanup.in_flight.last_mut().expect("one try in flight");
         let tried = Instant::now();
         let (result, answered) = match tokio::time::timeout(limit, handle).await {
             Ok(joined) => {
@@ -120,19 +126,9 @@ async fn attempt_with_retry(
                 tracing::debug!(error = %e, "attempt failed; trying again at once");
                 quick += 1;
             }
-            Err(e) if e.is_transient() => {
-                let Some(delay) = policy.delay(retry, started.elapsed()) else {
-                    return Err(e);
-                };
-                let resume = Instant::now().checked_add(delay);
-                if deadline.is_some_and(|d| resume.is_none_or(|r| r >= d)) {
-                    return Err(e);
-                }
-                tracing::warn!(error = %e, retry, ?delay, "backend unavailable; retrying");
-                tokio::time::sleep(delay).await;
-                retry += 1;
+            Err(e) => {
+                pause_before_retry(policy, &mut retry, started, deadline, e).await?;
             }
-            Err(e) => return Err(e),
         }
     }
 }
@@ -349,6 +345,32 @@ pub(crate) fn bounded<'a, T: Send + 'a>(
     })
 }
 
+/// After a failed try: waits out the pause `policy` sets before retry
+/// number `retry` and counts it, when the error is transient and the pause
+/// ends before `deadline`; else gives the error back.
+async fn pause_before_retry(
+    policy: &RetryPolicy,
+    retry: &mut u32,
+    started: Instant,
+    deadline: Option<Instant>,
+    e: Error,
+) -> Result<()> {
+    if !e.is_transient() {
+        return Err(e);
+    }
+    let Some(delay) = policy.delay(*retry, started.elapsed()) else {
+        return Err(e);
+    };
+    let resume = Instant::now().checked_add(delay);
+    if deadline.is_some_and(|d| resume.is_none_or(|r| r >= d)) {
+        return Err(e);
+    }
+    tracing::warn!(error = %e, retry = *retry, ?delay, "backend unavailable; retrying");
+    tokio::time::sleep(delay).await;
+    *retry += 1;
+    Ok(())
+}
+
 /// Runs `f`, retrying transient errors under `policy` but never past `deadline`.
 pub(crate) async fn with_retry<'a, T>(
     policy: &RetryPolicy,
@@ -360,19 +382,9 @@ pub(crate) async fn with_retry<'a, T>(
     loop {
         match f().await {
             Ok(v) => return Ok(v),
-            Err(e) if e.is_transient() => {
-                let Some(delay) = policy.delay(retry, started.elapsed()) else {
-                    return Err(e);
-                };
-                let resume = Instant::now().checked_add(delay);
-                if deadline.is_some_and(|d| resume.is_none_or(|r| r >= d)) {
-                    return Err(e);
-                }
-                tracing::warn!(error = %e, retry, ?delay, "backend unavailable; retrying");
-                tokio::time::sleep(delay).await;
-                retry += 1;
+            Err(e) => {
+                pause_before_retry(policy, &mut retry, started, deadline, e).await?;
             }
-            Err(e) => return Err(e),
         }
     }
 }

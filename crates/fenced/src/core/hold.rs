@@ -75,6 +75,65 @@ pub(crate) struct HoldState {
 /// back to the present when it knows the session is gone.
 pub(crate) type Bound = watch::Receiver<Instant>;
 
+/// The clock of a backend's session (an etcd lease, a ZooKeeper session),
+/// for the [`Bound`]s of its holds: which session is live (`K`, its id),
+/// and until when the server is known to keep it. Each hold takes the
+/// bound of the session its key or node was made in; a session that ends
+/// ends its holds' bounds at once, and the next one starts a clock of its
+/// own.
+#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
+pub(crate) struct SessionClock<K> {
+    live: Mutex<(K, watch::Sender<Instant>)>,
+}
+
+#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
+impl<K: Copy + PartialEq> SessionClock<K> {
+    /// Session `id`, kept by the server until `until`.
+    pub(crate) fn new(id: K, until: Instant) -> Self {
+        SessionClock {
+            live: Mutex::new((id, watch::Sender::new(until))),
+        }
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, (K, watch::Sender<Instant>)> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The bound of session `id`: the live one's, or one already run out
+    /// if `id` is not the live session any more.
+    pub(crate) fn bound_of(&self, id: K) -> Bound {
+        let live = self.live();
+        if live.0 == id {
+            live.1.subscribe()
+        } else {
+            watch::channel(Instant::now()).1
+        }
+    }
+
+    /// A new session `id` is live, kept until `until`: a clock of its own,
+    /// so the bounds of the old session's holds stay where they ended.
+    pub(crate) fn start(&self, id: K, until: Instant) {
+        *self.live() = (id, watch::Sender::new(until));
+    }
+
+    /// Session `id` is confirmed until `until`; a late word of a session
+    /// that is no longer live changes nothing.
+    pub(crate) fn confirm(&self, id: K, until: Instant) {
+        let live = self.live();
+        if live.0 == id {
+            live.1.send_replace(until);
+        }
+    }
+
+    /// Session `id` may be gone: its holds' bounds run out now.
+    pub(crate) fn end(&self, id: K) {
+        let live = self.live();
+        if live.0 == id {
+            live.1.send_replace(Instant::now());
+        }
+    }
+}
+
 /// What the acquire loop knows of a grant when it makes a [`Hold`].
 pub(crate) struct Grant {
     pub(crate) r: HoldRef,

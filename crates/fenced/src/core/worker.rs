@@ -16,6 +16,9 @@ use tokio::task::JoinSet;
 /// Jobs in flight at once; more wait their turn.
 const CONCURRENCY: usize = 64;
 
+/// How many request timeouts a withdrawal waits for the try it follows.
+const TRY_PATIENCE: u32 = 12;
+
 pub(crate) enum Job {
     Release(HoldRef),
     /// Withdraw an attempt whose caller went away, once the tries it had
@@ -91,8 +94,13 @@ async fn run(backend: &dyn Backend, job: Job) {
             after,
         } => {
             for try_ in after {
-                // Its answer tells the queue place it may have taken.
-                if let Ok(Ok(Ok(Outcome::Busy(b)))) = tokio::time::timeout(limit, try_).await {
+                // Its answer tells the queue place it may have taken. Every
+                // backend bounds its own calls, so this wait ends; it is
+                // generous, since withdrawing before a late create lands
+                // (a ZooKeeper request resent after a reconnect) would
+                // leave its node behind for the rest of the session.
+                let patience = limit * TRY_PATIENCE;
+                if let Ok(Ok(Ok(Outcome::Busy(b)))) = tokio::time::timeout(patience, try_).await {
                     ticket = b.ticket.or(ticket);
                 }
             }

@@ -51,7 +51,6 @@ use subscribe::Subscriber;
 
 const DEFAULT_PORT: u16 = 6379;
 const SENTINEL_PORT: u16 = 26379;
-use super::DEFAULT_TIMEOUT;
 /// Lua counts in doubles, exact for integers up to 2^53.
 const EXACT_IN_LUA: u64 = 1 << 53;
 /// Holds renewed by one script call on a single server.
@@ -187,12 +186,7 @@ impl RedisBackend {
         let wait_timeout = ep
             .take_duration("wait_timeout")?
             .unwrap_or(Duration::from_secs(1));
-        let timeout = ep.take_duration("timeout")?.unwrap_or(DEFAULT_TIMEOUT);
-        if timeout.is_zero() {
-            return Err(Error::invalid(
-                "timeout=0 in a Redis URL: it must be positive",
-            ));
-        }
+        let timeout = ep.take_timeout()?;
         let redacted = ep.redacted().to_owned();
         let client_err = |e: redis::RedisError| {
             Error::invalid(format!("bad Redis URL {redacted:?}: {e}")).with_source(e)
