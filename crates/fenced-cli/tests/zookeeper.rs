@@ -109,7 +109,7 @@ async fn curator_interop_both_ways() {
 async fn leader_killed_while_held() {
     let t = Timing::default();
     let mut z = ZkEnsemble::start_n(3);
-    let url = format!("{}?session_timeout=4s", z.url());
+    let url = z.url();
     let (_a, b, name, g) = fenced_testkit::one_holds(&url, "zkleader", &t).await;
     let leader = z.leader().expect("a leader");
     z.kill(leader);
@@ -139,7 +139,7 @@ async fn leader_killed_while_held() {
 async fn paused_client_loses_its_session() {
     let t = Timing::default();
     let z = ZkEnsemble::start();
-    let url = format!("{}?session_timeout=2s", z.url());
+    let url = z.url();
     let name = unique("zkpaused");
     let mut child = Command::new(FENCED)
         .args([
@@ -165,10 +165,11 @@ async fn paused_client_loses_its_session() {
     let stale = b.status(&name).await.unwrap().holders[0].token;
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, Signal::SIGSTOP).unwrap();
+    // The default session (10 s) runs out, then the server deletes the node.
     let g = b
         .mutex(&name)
         .unwrap()
-        .acquire_timeout(t.eventually())
+        .acquire_timeout(Duration::from_secs(10) + t.eventually())
         .await
         .unwrap()
         .expect("the paused holder's session expires");
@@ -244,6 +245,8 @@ async fn bad_input_and_faults() {
     }
     for bad in [
         "?session_timeout=100ms",
+        "?timeout=0s",
+        "?timeout=soon",
         "?digest=nopassword",
         "?bogus=1",
         "/no/such/chroot",

@@ -319,6 +319,44 @@ pub async fn a_lost_reply_is_not_a_second_grant(fx: &Fixture) {
     .await;
 }
 
+/// A try whose answer comes back only after the request timeout is waited
+/// on, not raced by a second try for the same hold: both answers would set
+/// the hold up, the second undoing the first's lease keeping, and the
+/// hold the caller got would be deleted under it.
+pub async fn a_slow_reply_is_not_a_second_grant(fx: &Fixture) {
+    let t = Timing::default();
+    let iso = fx
+        .isolated_for_replies()
+        .await
+        .expect("this backend has network faults");
+    let observer = fx.client().await;
+    let name = unique("slowreply");
+    let lock = iso.client.mutex(&name).unwrap();
+    warm_up(&iso.client, &name).await;
+    iso.hold_replies(true);
+    let attempt = tokio::spawn(async move { lock.acquire().await });
+    t.wait_until(
+        &format!("{name}: the request never reached the server"),
+        || async { !observer.status(&name).await.unwrap().is_free() },
+    )
+    .await;
+    // Past the request timeout, and past the pause before a second try.
+    tokio::time::sleep(iso.client.request_timeout() + t.ms(400)).await;
+    iso.hold_replies(false);
+    let g = timeout(t.eventually(), attempt)
+        .await
+        .expect("the acquire ends")
+        .unwrap()
+        .expect("a slow reply is waited on, not an error");
+    // Give a second answer's set-up time to undo the first.
+    tokio::time::sleep(t.ms(500)).await;
+    assert!(g.is_held(), "{name}: the hold was lost");
+    let st = observer.status(&name).await.unwrap();
+    let tokens: Vec<u64> = st.holders.iter().map(|h| h.token).collect();
+    assert_eq!(tokens, [g.fencing_token()], "{name}: {st:?}");
+    assert!(g.release().await.unwrap());
+}
+
 /// A grant whose answer comes back after the lease it granted has run
 /// out is never handed to the caller as a guard: the caller gets a guard
 /// it still holds, or an error.

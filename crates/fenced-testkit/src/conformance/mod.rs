@@ -46,6 +46,7 @@ pub const TESTS: &[&str] = &[
     "cancelled_acquires_leave_nothing",
     "cancelled_reads_beside_own_write_leave_nothing",
     "a_lost_reply_is_not_a_second_grant",
+    "a_slow_reply_is_not_a_second_grant",
     "a_grant_past_its_lease_is_not_returned",
     "cut_off_run_is_killed_before_the_next_runs",
     "calls_return_when_the_server_stops_answering",

@@ -71,11 +71,13 @@ impl ZkEnsemble {
         let data = node_dir.join("data");
         std::fs::create_dir_all(&data).expect("a ZooKeeper data dir");
         std::fs::write(data.join("myid"), format!("{}\n", i + 1)).expect("write myid");
+        // Debian's zoo.cfg timing (tickTime 2 s, initLimit 10, syncLimit
+        // 5), so the session limits are the ones users get: from 4 s to
+        // 40 s, a client's default 10 s granted as asked.
         let mut cfg = format!(
-            "tickTime=200\ninitLimit=50\nsyncLimit=25\ndataDir={}\nclientPort={}\n\
+            "tickTime=2000\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={}\n\
              clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-             4lw.commands.whitelist=ruok,srvr,stat,mntr\nmaxClientCnxns=0\n\
-             minSessionTimeout=400\n",
+             4lw.commands.whitelist=ruok,srvr,stat,mntr\nmaxClientCnxns=0\n",
             data.display(),
             self.nodes[i].port
         );
@@ -97,8 +99,6 @@ impl ZkEnsemble {
             "-Xmx128m",
             "-XX:+UseSerialGC",
             "-XX:TieredStopAtLevel=1",
-            "-Dzookeeper.fastleader.minNotificationInterval=50",
-            "-Dzookeeper.fastleader.maxNotificationInterval=400",
             "-cp",
             &format!("{JAR}:/usr/share/java/slf4j-simple.jar"),
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
