@@ -188,10 +188,12 @@ impl Client {
         self.inner.read(|b| b.status(&name)).await
     }
 
-    /// Waits for the releases already queued (by dropped guards) to finish,
-    /// then lets go of the backend's connections. Release or drop guards
-    /// first: a guard still alive after `close` keeps its hold until its
-    /// lease runs out.
+    /// Gives back every lock this client holds and lets go of the
+    /// backend's connections. Guards still alive are told first: their
+    /// lost signal fires with [`LostReason::Closed`](crate::LostReason),
+    /// before their locks go, so no holder works on after another client
+    /// may have been granted its lock. Release or drop guards first to
+    /// end holds in order; then `close` waits for those releases.
     ///
     /// Bounded in time whatever the backend does: the releases get a
     /// request timeout (the URL's `timeout=`, 5 s by default) to finish,
@@ -199,6 +201,7 @@ impl Client {
     /// leases.
     pub async fn close(&self) {
         let limit = self.inner.backend.request_timeout();
+        self.inner.holds.lose_all(crate::LostReason::Closed);
         let (tx, rx) = oneshot::channel();
         if self.inner.worker.send(Job::Flush(tx)).is_ok()
             && tokio::time::timeout(limit, rx).await.is_err()
@@ -296,6 +299,10 @@ impl ClientInner {
         }
         let believed = hold.is_held();
         hold.set_released();
+        if hold.state().lost.is_some() {
+            // Its lost signal fired, which queued its release already.
+            return Ok(false);
+        }
         let mut pending = PendingRelease {
             worker: &self.worker,
             hold: Some(hold.r.clone()),
@@ -313,8 +320,16 @@ impl ClientInner {
                 .min(tokio::time::Instant::now() + limit * 2),
         );
         let scheme = self.backend.scheme();
+        // A try that failed may have released the hold without saying so
+        // (its reply lost): a later try that finds nothing to release
+        // then says nothing about a loss.
+        let tried = std::sync::atomic::AtomicBool::new(false);
         let was_ours = crate::core::acquire::with_retry(&RetryPolicy::default(), until, || {
-            crate::core::acquire::bounded(limit, scheme, self.backend.release(&hold.r))
+            let again = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
+            let release = self.backend.release(&hold.r);
+            crate::core::acquire::bounded(limit, scheme, async move {
+                Ok(release.await? || (again && believed))
+            })
         })
         .await?;
         pending.hold = None;

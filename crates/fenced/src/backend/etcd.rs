@@ -58,7 +58,7 @@ use etcd_client::{
     Client as Etcd, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,
     PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -156,6 +156,10 @@ struct Inner {
     session: Session,
     /// hold id → key.
     keys: Mutex<HashMap<String, Arc<OwnKey>>>,
+    /// Keys whose create went out unanswered and was then given up: the
+    /// server may yet apply it (a proposal that outlived its request), so
+    /// the name stays out of use while it is watched for (see `haunt`).
+    ghosts: Arc<Mutex<HashSet<Vec<u8>>>>,
     next_suffix: AtomicU64,
 }
 
@@ -222,6 +226,7 @@ impl EtcdBackend {
                 ),
             },
             keys: Mutex::new(HashMap::new()),
+            ghosts: Arc::default(),
             next_suffix: AtomicU64::new(1),
         });
         let keeper = tokio::spawn(keep_alive(inner.clone(), granted));
@@ -472,7 +477,9 @@ impl Inner {
             return k.clone();
         }
         let base = format!("{}{lease:x}", String::from_utf8_lossy(prefix));
-        let taken = |k: &str| keys.values().any(|o| o.key == k.as_bytes());
+        let ghosts = lock(&self.ghosts);
+        let taken =
+            |k: &str| keys.values().any(|o| o.key == k.as_bytes()) || ghosts.contains(k.as_bytes());
         let key = if taken(&base) {
             loop {
                 let n = self.next_suffix.fetch_add(1, Ordering::Relaxed);
@@ -679,12 +686,43 @@ impl Inner {
             .and_then(ops);
         let mut etcd = self.etcd.clone();
         let done = etcd.txn(txn).await.map_err(|e| self.err(e))?.succeeded();
+        if rev == 0 && !done {
+            self.haunt(own.key.clone());
+        }
         lock(&self.keys).remove(hold_id);
         if let Some(d) = lock(&own.deadline).take() {
             d.send_replace(Instant::now());
         }
         self.wakeups.bump(own.name.as_str());
         Ok(done)
+    }
+
+    /// Watches for a key whose create was given up unanswered: the put
+    /// may still be applied (a proposal the cluster commits after the
+    /// request timed out), and would then sit in its lock's queue on our
+    /// live session, unknown to us, until the client closes. Looked for
+    /// after 1, 3, 9 and 27 request timeouts and deleted if there; the
+    /// name is not reused meanwhile, so what is found is the ghost.
+    fn haunt(&self, key: Vec<u8>) {
+        lock(&self.ghosts).insert(key.clone());
+        let (ghosts, mut etcd, timeout) = (self.ghosts.clone(), self.etcd.clone(), self.timeout);
+        tokio::spawn(async move {
+            let mut wait = timeout;
+            for _ in 0..4 {
+                tokio::time::sleep(wait).await;
+                let delete = Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Greater, 0)])
+                    .and_then([TxnOp::delete(key.clone(), None)]);
+                if let Ok(r) = etcd.txn(delete).await
+                    && r.succeeded()
+                {
+                    tracing::warn!(key = %String::from_utf8_lossy(&key),
+                        "etcd applied a create after it was given up; deleted it");
+                }
+                wait *= 3;
+            }
+            lock(&ghosts).remove(&key);
+        });
     }
 
     /// [`end`](Self::end) in the background's way: transient errors are

@@ -351,6 +351,14 @@ pub(crate) struct HoldRef {
 }
 
 impl Attempt {
+    /// The id of the client making the attempt (`owner_key`'s first part).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn client_id(&self) -> &str {
+        self.owner_key
+            .split_once(':')
+            .map_or(self.owner_key.as_str(), |(client, _)| client)
+    }
+
     /// The hold this attempt makes when granted.
     pub(crate) fn hold_ref(&self) -> HoldRef {
         HoldRef {

@@ -182,24 +182,22 @@ impl Shared {
 
     /// Gives the lock back and keeps or closes the session; whether the
     /// session still held the lock.
-    async fn unlock(&self, mut s: Session, key: &str) -> bool {
+    /// Whether the lock was still held; `None` if the session failed
+    /// (closing it freed the lock, but whether it was held then is unknown).
+    async fn unlock(&self, mut s: Session, key: &str) -> Option<bool> {
         let was = sqlx::query(UNLOCK)
             .bind(key)
             .fetch_one(&mut s.conn)
             .await
             .and_then(|r| r.try_get::<Option<i64>, _>("was"));
-        match was {
-            Ok(Some(1)) => {
-                self.idle.put(s);
-                true
-            }
-            // Not ours any more, or the session failed: closing it frees
-            // whatever it may still hold.
-            _ => {
-                let _ = s.conn.close().await;
-                false
-            }
+        if let Ok(Some(1)) = was {
+            self.idle.put(s);
+            return Some(true);
         }
+        // Not ours any more, or the session failed: closing it frees
+        // whatever it may still hold.
+        let _ = s.conn.close().await;
+        was.ok().map(|_| false)
     }
 
     async fn attempt(self: &Arc<Self>, req: &Attempt) -> Result<Outcome> {
@@ -458,14 +456,14 @@ impl Shared {
     }
 
     /// Ends a hold: unlocks and recycles its session; whether it still held.
-    async fn end(&self, hold_id: &str) -> bool {
+    async fn end(&self, hold_id: &str) -> Option<bool> {
         let Some(hold) = lock(&self.holds).remove(hold_id) else {
-            return false;
+            return Some(false);
         };
         // Let its lease task end now.
         hold.deadline.send_replace(Instant::now());
         let Some(s) = hold.session.lock().await.take() else {
-            return false;
+            return Some(false);
         };
         self.unlock(s, &hold.key).await
     }
@@ -513,7 +511,13 @@ impl Backend for MySqlAdvisory {
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.shared.end(&hold.hold_id).await) })
+        Box::pin(async move {
+            self.shared.end(&hold.hold_id).await.ok_or_else(|| {
+                Error::unavailable(
+                    "MySQL: the session failed under the unlock; closing it freed the lock",
+                )
+            })
+        })
     }
 
     fn abandon<'a>(

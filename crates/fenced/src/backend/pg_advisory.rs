@@ -280,9 +280,12 @@ impl PgAdvisory {
     }
 
     /// Unlocks and closes the session of `hold_id`; whether it still held.
-    async fn end(&self, hold_id: &str) -> bool {
+    /// Ends the hold; whether it was still held, `None` when its session
+    /// failed under the unlock (closing it freed the lock, but whether it
+    /// was still held then is unknown).
+    async fn end(&self, hold_id: &str) -> Option<bool> {
         let Some(hold) = lock(&self.holds).remove(hold_id) else {
-            return false;
+            return Some(false);
         };
         // Let its expiry task end now, dropping its share of the session.
         hold.deadline.send_replace(Instant::now());
@@ -294,18 +297,18 @@ impl PgAdvisory {
 
 /// Unlocks the hold, and gives its session back (to the idle stack when
 /// the unlock was confirmed, else closed) unless another hold of the owner
-/// uses it; whether the lock was still held.
-async fn unlock(hold: &SessionHold, idle: &IdleSessions<PgConnection>) -> bool {
+/// uses it; whether the lock was still held, `None` if the session failed.
+async fn unlock(hold: &SessionHold, idle: &IdleSessions<PgConnection>) -> Option<bool> {
     let mut guard = hold.conn.lock().await;
     let Some(c) = guard.as_mut() else {
-        return false;
+        return Some(false);
     };
     let was = sqlx::query(if hold.shared { UNLOCK_SHARED } else { UNLOCK })
         .bind(hold.key)
         .fetch_one(&mut *c)
         .await
         .and_then(|r| r.try_get::<bool, _>("was"))
-        .unwrap_or(false);
+        .ok();
     // The map and this hold are gone: only other holds keep the session.
     if Arc::strong_count(&hold.conn) == 1
         && let Some(mut c) = guard.take()
@@ -313,7 +316,7 @@ async fn unlock(hold: &SessionHold, idle: &IdleSessions<PgConnection>) -> bool {
         // An acquisition dropped between its lock and its record (or a
         // hold of this owner whose unlock failed) may have left a lock on
         // the session: none goes back to the idle stack holding one.
-        let clean = was && sqlx::query(UNLOCK_ALL).execute(&mut c).await.is_ok();
+        let clean = was == Some(true) && sqlx::query(UNLOCK_ALL).execute(&mut c).await.is_ok();
         if clean {
             idle.put(c);
         } else {
@@ -411,7 +414,13 @@ impl Backend for PgAdvisory {
     }
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { Ok(self.end(&hold.hold_id).await) })
+        Box::pin(async move {
+            self.end(&hold.hold_id).await.ok_or_else(|| {
+                Error::unavailable(
+                    "PostgreSQL: the session failed under the unlock; closing it freed the lock",
+                )
+            })
+        })
     }
 
     fn abandon<'a>(

@@ -295,16 +295,25 @@ fn redact_digest(url: &str) -> String {
 async fn monitor(inner: Arc<Inner>) {
     loop {
         let (z, number) = lock(&inner.zk).clone();
-        let beat = tokio::spawn(heartbeat(inner.clone(), z.clone(), number));
         let mut states = z.state_watcher();
-        loop {
-            let s = states.changed().await;
-            if s.is_terminated() {
-                break;
+        let ended = async {
+            loop {
+                let s = states.changed().await;
+                if s.is_terminated() {
+                    break;
+                }
+                inner.wakeups.bump_all();
             }
-            inner.wakeups.bump_all();
+        };
+        // The heartbeat runs inside this task (never spawned apart), so
+        // it stops with the session, and with the monitor when the
+        // backend closes: a beat left running would keep the session,
+        // and its connection, open for good.
+        tokio::select! {
+            () = ended => {}
+            () = heartbeat(&inner, &z, number) => {}
         }
-        beat.abort();
+        drop(z);
         inner.clock.end(number);
         tracing::warn!(
             session = number,
@@ -348,17 +357,33 @@ async fn monitor(inner: Arc<Inner>) {
 /// two ticks, so a quarter of it covers that lag. (The client's own pings
 /// would not do: they stop at the server we talk to, and the client does
 /// not say when it last heard one.)
-async fn heartbeat(inner: Arc<Inner>, z: zk::Client, number: u64) {
+///
+/// A sync goes out every period whether or not the last one has come
+/// back: the server answers a session's requests in order, so a sync
+/// queued behind a burst of this client's own requests must not hold up
+/// the next one's confirmation (and every hold of the session with it).
+async fn heartbeat(inner: &Inner, z: &zk::Client, number: u64) {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
     let timeout = z.session_timeout();
     let period = (timeout / 4).max(Duration::from_millis(50));
+    let mut beats = FuturesUnordered::new();
+    let mut next = Instant::now();
     loop {
-        let sent = Instant::now();
-        if let Ok(Ok(())) = tokio::time::timeout(period * 2, z.sync("/")).await {
-            inner
-                .clock
-                .confirm(number, believed_until(sent, timeout - timeout / 4));
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {
+                let sent = Instant::now();
+                next = sent + period;
+                beats.push(async move {
+                    let answered = tokio::time::timeout(timeout, z.sync("/")).await;
+                    (sent, matches!(answered, Ok(Ok(()))))
+                });
+            }
+            Some((sent, answered)) = beats.next() => {
+                if answered {
+                    inner.clock.confirm(number, believed_until(sent, timeout - timeout / 4));
+                }
+            }
         }
-        tokio::time::sleep_until(sent + period).await;
     }
 }
 
@@ -726,10 +751,21 @@ impl Inner {
                 let mut w = z.new_multi_writer();
                 if w.add_delete(&path, None).is_ok()
                     && w.add_set_data(&tokens, &record, None).is_ok()
-                    && w.commit().await.is_ok()
                 {
-                    was = true;
-                    recorded = true;
+                    match w.commit().await {
+                        Ok(_) => {
+                            was = true;
+                            recorded = true;
+                        }
+                        Err(zk::MultiWriteError::OperationFailed { .. }) => {}
+                        // The request itself failed: it may have been
+                        // applied (a lost reply), so a delete now finding
+                        // no node would prove nothing. Let the caller try
+                        // again.
+                        Err(zk::MultiWriteError::RequestFailed { source }) => {
+                            return Err(self.err(source));
+                        }
+                    }
                 }
             }
             if !recorded {

@@ -83,6 +83,9 @@ async fn attempt_with_retry(
 ) -> Result<Outcome> {
     let started = Instant::now();
     let (mut retry, mut quick) = (0, 0);
+    // A caller with a deadline hears back within a request timeout of it,
+    // whatever the server does.
+    let hard = deadline.and_then(|d| d.checked_add(limit));
     loop {
         // One try at a time: a try that outlived `limit` is waited on
         // again rather than raced by a second one for the same hold id
@@ -96,7 +99,8 @@ async fn attempt_with_retry(
         }
         let handle = cleanup.in_flight.last_mut().expect("one try in flight");
         let tried = Instant::now();
-        let (result, answered) = match tokio::time::timeout(limit, handle).await {
+        let patience = hard.map_or(limit, |h| limit.min(h.saturating_duration_since(tried)));
+        let (result, answered) = match tokio::time::timeout(patience, handle).await {
             Ok(joined) => {
                 cleanup.in_flight.pop();
                 let r = joined.unwrap_or_else(|e| {
@@ -108,7 +112,7 @@ async fn attempt_with_retry(
             }
             Err(_) => {
                 let e = Error::unavailable(format!(
-                    "the {} backend did not answer within {limit:?}",
+                    "the {} backend did not answer within {patience:?}",
                     backend.scheme()
                 ));
                 (Err(e), limit)
@@ -122,7 +126,12 @@ async fn attempt_with_retry(
             // and the caller asked whether the lock is free, not whether a
             // stale connection still works. A server that was slow to
             // fail, or did not answer at all, is not asked again at once.
-            Err(e) if e.is_transient() && answered < limit / 4 && quick < QUICK_RETRIES => {
+            Err(e)
+                if e.is_transient()
+                    && answered < limit / 4
+                    && quick < QUICK_RETRIES
+                    && hard.is_none_or(|h| Instant::now() < h) =>
+            {
                 tracing::debug!(error = %e, "attempt failed; trying again at once");
                 quick += 1;
             }
@@ -262,6 +271,7 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                     continue;
                 }
                 cleanup.disarm();
+                inner.holds.track(&hold);
                 let renewed = lock.opts.lease.is_renewed();
                 let waited = waiting_since.map(|t: Instant| t.elapsed());
                 return Ok(Some(match inner.holds.insert(hold.clone()) {
@@ -296,14 +306,21 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                 };
                 interest.set_ticket(blocked.ticket);
                 let now = Instant::now();
-                if deadline.is_some_and(|d| d <= now) {
+                if let Some(d) = deadline.filter(|d| *d <= now) {
                     // Withdraw now rather than in the background, so that
-                    // what this caller does next finds no trace of the wait.
-                    // The cleanup stays armed meanwhile: a caller that goes
+                    // what this caller does next finds no trace of the wait;
+                    // but within a request timeout of the deadline, as
+                    // every call: past that the background does it. The
+                    // cleanup stays armed meanwhile: a caller that goes
                     // away during the withdrawal still has it done.
-                    if let Some(a) = cleanup.attempt.as_ref() {
+                    let patience = d
+                        .checked_add(timeout)
+                        .map_or(timeout, |h| h.saturating_duration_since(now));
+                    if let Some(a) = cleanup.attempt.as_ref()
+                        && !patience.is_zero()
+                    {
                         let withdraw = backend.abandon(&a.name, a.ticket, &a.hold_id);
-                        if bounded(timeout, backend.scheme(), withdraw).await.is_ok() {
+                        if bounded(patience, backend.scheme(), withdraw).await.is_ok() {
                             cleanup.disarm();
                         }
                     }

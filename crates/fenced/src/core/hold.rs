@@ -28,9 +28,9 @@ use crate::backend::{HoldRef, Mode};
 use crate::core::worker::Job;
 use crate::name::LockName;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -50,6 +50,9 @@ pub enum LostReason {
     /// may have ended: no keep-alive was confirmed within its timeout, so
     /// the server may already have given the lock to another.
     SessionExpired,
+    /// The client was closed while the hold was live: its lock was given
+    /// back with the client's connections.
+    Closed,
 }
 
 impl std::fmt::Display for LostReason {
@@ -60,6 +63,7 @@ impl std::fmt::Display for LostReason {
             LostReason::SessionExpired => {
                 "the session holding it went unconfirmed past its timeout"
             }
+            LostReason::Closed => "the client was closed while it was held",
         })
     }
 }
@@ -83,7 +87,14 @@ pub(crate) type Bound = watch::Receiver<Instant>;
 /// own.
 #[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
 pub(crate) struct SessionClock<K> {
-    live: Mutex<(K, watch::Sender<Instant>)>,
+    live: Mutex<Live<K>>,
+}
+
+struct Live<K> {
+    id: K,
+    bound: watch::Sender<Instant>,
+    /// Known gone: no later word moves the bound again.
+    ended: bool,
 }
 
 #[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
@@ -91,11 +102,15 @@ impl<K: Copy + PartialEq> SessionClock<K> {
     /// Session `id`, kept by the server until `until`.
     pub(crate) fn new(id: K, until: Instant) -> Self {
         SessionClock {
-            live: Mutex::new((id, watch::Sender::new(until))),
+            live: Mutex::new(Live {
+                id,
+                bound: watch::Sender::new(until),
+                ended: false,
+            }),
         }
     }
 
-    fn live(&self) -> std::sync::MutexGuard<'_, (K, watch::Sender<Instant>)> {
+    fn live(&self) -> std::sync::MutexGuard<'_, Live<K>> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -103,8 +118,8 @@ impl<K: Copy + PartialEq> SessionClock<K> {
     /// if `id` is not the live session any more.
     pub(crate) fn bound_of(&self, id: K) -> Bound {
         let live = self.live();
-        if live.0 == id {
-            live.1.subscribe()
+        if live.id == id && !live.ended {
+            live.bound.subscribe()
         } else {
             watch::channel(Instant::now()).1
         }
@@ -113,23 +128,37 @@ impl<K: Copy + PartialEq> SessionClock<K> {
     /// A new session `id` is live, kept until `until`: a clock of its own,
     /// so the bounds of the old session's holds stay where they ended.
     pub(crate) fn start(&self, id: K, until: Instant) {
-        *self.live() = (id, watch::Sender::new(until));
+        *self.live() = Live {
+            id,
+            bound: watch::Sender::new(until),
+            ended: false,
+        };
     }
 
     /// Session `id` is confirmed until `until`; a late word of a session
-    /// that is no longer live changes nothing.
+    /// that is no longer live, or known gone, changes nothing. The bound
+    /// only moves forward, even past a moment it had already reached: the
+    /// server kept the session at least that long, as a session that ends
+    /// never comes back.
     pub(crate) fn confirm(&self, id: K, until: Instant) {
         let live = self.live();
-        if live.0 == id {
-            live.1.send_replace(until);
+        if live.id == id && !live.ended {
+            live.bound.send_if_modified(|b| {
+                let later = until > *b;
+                if later {
+                    *b = until;
+                }
+                later
+            });
         }
     }
 
-    /// Session `id` may be gone: its holds' bounds run out now.
+    /// Session `id` may be gone: its holds' bounds run out now, for good.
     pub(crate) fn end(&self, id: K) {
-        let live = self.live();
-        if live.0 == id {
-            live.1.send_replace(Instant::now());
+        let mut live = self.live();
+        if live.id == id {
+            live.ended = true;
+            live.bound.send_replace(Instant::now());
         }
     }
 }
@@ -340,10 +369,13 @@ impl Hold {
 
 type Key = (LockName, String, i64);
 
-/// The per-client table of reentrant holds, keyed by (name, owner, mode).
+/// The per-client table of reentrant holds, keyed by (name, owner, mode),
+/// and a list of every hold the client has granted, to tell them when the
+/// client closes.
 #[derive(Default)]
 pub(crate) struct HoldTable {
     map: Mutex<HashMap<Key, Arc<Hold>>>,
+    every: Mutex<Vec<Weak<Hold>>>,
 }
 
 fn key(name: &LockName, owner_key: &str, mode: Mode) -> Key {
@@ -371,6 +403,28 @@ impl HoldTable {
         self.map()
             .get(&key(name, owner_key, mode))
             .is_some_and(|h| h.is_held())
+    }
+
+    /// Keeps `hold` on the list [`lose_all`](Self::lose_all) tells.
+    pub(crate) fn track(&self, hold: &Arc<Hold>) {
+        let mut every = self.every.lock().unwrap_or_else(|e| e.into_inner());
+        // Before the list would grow, drop the holds gone since: the list
+        // stays within twice the live holds, at amortised constant cost.
+        if every.len() == every.capacity() {
+            every.retain(|w| w.strong_count() > 0);
+        }
+        every.push(Arc::downgrade(hold));
+    }
+
+    /// Fires the lost signal of every hold still believed (the client
+    /// closes: its connections, and the holds on them, go).
+    pub(crate) fn lose_all(&self, reason: LostReason) {
+        let every = std::mem::take(&mut *self.every.lock().unwrap_or_else(|e| e.into_inner()));
+        for hold in every.iter().filter_map(Weak::upgrade) {
+            if hold.is_held() {
+                hold.mark_lost(reason);
+            }
+        }
     }
 
     /// Records a new grant. If a live hold of the same key appeared

@@ -12,8 +12,9 @@
 //!   and releases publish Redisson's unlock message on its channel, so
 //!   fenced and Redisson services exclude each other on the same name.
 //!   While fenced waiters queue (fair or not), a release publishes the head's
-//!   ticket instead, on the head owner's channel `<channel>:<owner>` (as
-//!   Redisson's `RFairLock` does), waking only that waiter; a Redisson
+//!   ticket instead, on the channel of the head's client
+//!   `<channel>:<client id>` (as Redisson's `RFairLock` publishes on a
+//!   channel per waiter), waking only that waiter; a Redisson
 //!   waiter then looks again when the lease it waited on would have ended.
 //! - `simple`: the lock is a string in redis-py `Lock`'s layout (`SET name
 //!   token NX PX`), so fenced and Python services exclude each other.
@@ -99,8 +100,8 @@ impl Keys {
 
     /// The channel on which a release wakes `owner` when it heads the
     /// queue (Redisson `RFairLock`'s `<channel>:<field>`).
-    fn wake_channel(&self, owner: &str) -> String {
-        format!("{}:{owner}", self.channel)
+    fn wake_channel(&self, client: &str) -> String {
+        format!("{}:{client}", self.channel)
     }
 
     fn lock_keys(&self) -> [&str; 5] {
@@ -380,7 +381,12 @@ impl RedisBackend {
                     .arg(&k.channel)
                     .arg(ms(QUEUE_TTL))
                     .arg(u8::from(self.queue_waiters))
-                    .arg(&req.owner_key);
+                    // Each client waits on one channel of its own per
+                    // lock, whichever of its acquisitions waits: the
+                    // published ticket says which (every acquisition is
+                    // its own owner, so a channel per owner would be a
+                    // subscription per wait).
+                    .arg(req.client_id());
                 let reply: Vec<i64> = inv.invoke_async(&mut c).await?;
                 let replicas = if want > 0 && reply.first() == Some(&1) {
                     Some(c.wait_replicas(&k.lock, want, wait_ms).await?)
@@ -433,7 +439,7 @@ impl RedisBackend {
                 .subscriber
                 .ensure(
                     &self.node,
-                    &[k.channel.clone(), k.wake_channel(&req.owner_key)],
+                    &[k.channel.clone(), k.wake_channel(req.client_id())],
                     req.name.as_str(),
                 )
                 .await?

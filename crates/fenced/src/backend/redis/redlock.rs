@@ -282,8 +282,22 @@ impl Backend for RedLockBackend {
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
-            let had = self.on_all(|n| n.release_inner(hold)).await?;
-            Ok(had.iter().filter(|h| **h).count() >= self.quorum())
+            let (mut had, mut unknown, mut last) = (0, 0, None);
+            for r in join_all(self.nodes.iter().map(|n| n.release_inner(hold))).await {
+                match r {
+                    Ok(h) => had += usize::from(h),
+                    Err(e) => {
+                        unknown += 1;
+                        last = Some(e);
+                    }
+                }
+            }
+            match last {
+                // Masters that did not answer may have released it: with
+                // them a majority may have, so the answer is not yet known.
+                Some(e) if had < self.quorum() && had + unknown >= self.quorum() => Err(e),
+                _ => Ok(had >= self.quorum()),
+            }
         })
     }
 

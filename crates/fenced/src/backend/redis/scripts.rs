@@ -20,10 +20,11 @@
 /// Functions and bindings every lock script shares. `KEYS`: lock, counter,
 /// holds, queue, qexp. Each `redis.call` from Lua costs a few µs, so the
 /// uncontended paths make as few as they can (5 to acquire, 4 to release).
-/// A change publishes the queue's head ticket on the head owner's own
-/// channel when someone queues (`<lock channel>:<owner>`, as Redisson's
-/// `RFairLock` does), so only the head's process wakes, and Redisson's
-/// unlock message `0` on the lock's channel otherwise.
+/// A change publishes the queue's head ticket on the channel of the head's
+/// client when someone queues (`<lock channel>:<client id>`, as Redisson's
+/// `RFairLock` publishes on one per waiter), so only the head's process
+/// wakes, and Redisson's unlock message `0` on the lock's channel
+/// otherwise.
 const COMMON: &str = r#"
 local lock, counter, holds, queue, qexp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('TIME')
@@ -184,7 +185,7 @@ local function purge_queue()
 end
 
 -- Publishes a change: the queue's head ticket when someone queues, on
--- the head owner's channel, so that only the head wakes, with the lock
+-- the channel of the head's client, so that only the head wakes, with the lock
 -- held for it from unfair requests for a moment (`~handoff` in `qexp`,
 -- which a dead head outlives by that moment only); or Redisson's unlock
 -- message '0' on the lock's channel, which wakes every waiter. (A member
