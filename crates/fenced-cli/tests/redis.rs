@@ -149,7 +149,7 @@ async fn redis_py_and_fenced_run_never_overlap() {
 /// other processes sleep on; with nobody queued it publishes Redisson's
 /// `0` on the lock's channel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_wakes_the_queue_head_on_its_own_channel() {
+async fn a_release_wakes_the_queue_head_on_its_clients_channel() {
     let t = Timing::default();
     let server = RedisServer::start();
     let (holder, waiter) = (
@@ -157,9 +157,7 @@ async fn a_release_wakes_the_queue_head_on_its_own_channel() {
         Client::connect(&server.url()).await.unwrap(),
     );
     let name = unique("head");
-    // The owner named, so that the test knows its field.
-    let me = fenced::Owner::new();
-    let field = format!("{}:{}", waiter.id(), me.id());
+    let who_waits = waiter.id().to_owned();
     let channel = format!("redisson_lock__channel:{{{name}}}");
     let mut sub = raw_connection(&server);
     let mut pubsub = sub.as_pubsub();
@@ -167,7 +165,7 @@ async fn a_release_wakes_the_queue_head_on_its_own_channel() {
     pubsub.set_read_timeout(Some(t.eventually())).unwrap();
 
     let g = holder.mutex(&name).unwrap().acquire().await.unwrap();
-    let lock = waiter.mutex(&name).unwrap().owner(&me);
+    let lock = waiter.mutex(&name).unwrap();
     let w = tokio::spawn(async move {
         let g = lock.acquire().await.unwrap();
         let token = g.fencing_token();
@@ -190,12 +188,12 @@ async fn a_release_wakes_the_queue_head_on_its_own_channel() {
         .query(&mut con)
         .unwrap();
     assert_eq!(members.len(), 1, "{members:?}");
-    let (ticket, who) = members[0].split_once('|').expect("<ticket>|<owner>");
-    assert_eq!(who, field);
+    let (ticket, who) = members[0].split_once('|').expect("<ticket>|<client>");
+    assert_eq!(who, who_waits);
     let first = g.fencing_token();
     assert!(g.release().await.unwrap());
     let msg = pubsub.get_message().expect("the release publishes");
-    assert_eq!(msg.get_channel_name(), format!("{channel}:{field}"));
+    assert_eq!(msg.get_channel_name(), format!("{channel}:{who_waits}"));
     assert_eq!(msg.get_payload::<String>().unwrap(), ticket);
     let token = tokio::time::timeout(t.eventually(), w)
         .await
@@ -206,6 +204,48 @@ async fn a_release_wakes_the_queue_head_on_its_own_channel() {
     let msg = pubsub.get_message().expect("the head's release publishes");
     assert_eq!(msg.get_channel_name(), channel);
     assert_eq!(msg.get_payload::<String>().unwrap(), "0");
+}
+
+/// Many acquisitions of one client waiting on one lock share its two
+/// channels (Redisson's and the client's own): every acquisition is its
+/// own owner, and a channel per owner grew the subscriptions (on the
+/// client and the server) by one per wait, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_of_one_client_share_its_channels() {
+    const WAITERS: usize = 50;
+    let t = Timing::default();
+    let server = RedisServer::start();
+    let (holder, waiter) = (
+        Client::connect(&server.url()).await.unwrap(),
+        Client::connect(&server.url()).await.unwrap(),
+    );
+    let name = unique("manywaits");
+    let g = holder.mutex(&name).unwrap().acquire().await.unwrap();
+    let tasks: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let lock = waiter.mutex(&name).unwrap();
+            tokio::spawn(async move { lock.acquire().await.unwrap().release().await.unwrap() })
+        })
+        .collect();
+    t.wait_until("every acquisition queued", || async {
+        holder.status(&name).await.unwrap().waiters == WAITERS
+    })
+    .await;
+    let mut con = raw_connection(&server);
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(format!("redisson_lock__channel:{{{name}}}*"))
+        .query(&mut con)
+        .unwrap();
+    assert!(
+        channels.len() <= 2,
+        "{} channels: {channels:?}",
+        channels.len()
+    );
+    assert!(g.release().await.unwrap());
+    for task in tasks {
+        assert!(task.await.unwrap());
+    }
 }
 
 /// The default layout is Redisson `RLock`'s: a hash field
@@ -777,10 +817,15 @@ async fn cluster_waits_for_the_replicas_of_the_lock_shard_only() {
         .map(|_| unique("shard0"))
         .find(|n| slot_of(n) < 16384 / 3)
         .unwrap();
-    cluster.nodes[4].process().unwrap().signal(Signal::SIGSTOP);
     let c = Client::connect(&format!("{}?min_replicas=1&wait_timeout=1s", cluster.url()))
         .await
         .unwrap();
+    // Connected to every node first (the grants' connection included: an
+    // acquire and a release): a node that does not answer slows a cluster
+    // connection's set-up, which is not what this tests.
+    let warm = c.mutex(&name).unwrap().acquire().await.unwrap();
+    assert!(warm.release().await.unwrap());
+    cluster.nodes[4].process().unwrap().signal(Signal::SIGSTOP);
     let g = c
         .mutex(&name)
         .unwrap()

@@ -62,7 +62,7 @@ macro_rules! conformance_suite {
             mutual_exclusion_tasks, tasks_of_one_client_exclude, owner_only_release,
             reentrancy_counts, lease_expiry_frees_dead_holder, watchdog_keeps_slow_holder,
             lost_signal_when_taken, lost_signal_when_lease_ends, try_and_timeout,
-            waiter_is_woken_by_release, dropped_guard_releases,
+            waiter_is_woken_by_release, dropped_guard_releases, close_tells_live_guards,
             fenced_register_rejects_stale_tokens, versioned_values_lose_no_update,
             multilock_is_all_or_nothing, striped_segments_are_independent,
             bad_input_is_refused, leader_election_hands_over, cancelled_acquires_leave_nothing
@@ -96,6 +96,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@tests $fixture, [
             partitioned_holder_is_told_first, cut_connections_keep_or_lose_cleanly,
             a_lost_reply_is_not_a_second_grant, a_slow_reply_is_not_a_second_grant,
+            a_lost_release_reply_is_not_a_loss,
             a_grant_past_its_lease_is_not_returned, calls_return_when_the_server_stops_answering
         ]);
     };

@@ -319,6 +319,41 @@ pub async fn a_lost_reply_is_not_a_second_grant(fx: &Fixture) {
     .await;
 }
 
+/// A release whose reply is lost (the connection cut after the server
+/// applied it) is tried again, finds nothing to release, and still
+/// reports the release, not a loss: the hold was ours until then.
+pub async fn a_lost_release_reply_is_not_a_loss(fx: &Fixture) {
+    let t = Timing::default();
+    let iso = fx
+        .isolated_for_replies()
+        .await
+        .expect("this backend has network faults");
+    let observer = fx.client().await;
+    let name = unique("lostrelease");
+    warm_up(&iso.client, &name).await;
+    let g = iso.client.mutex(&name).unwrap().acquire().await.unwrap();
+    // As in warm_up: the pool's check of the connection answers first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    iso.hold_replies(true);
+    let release = tokio::spawn(async move { g.release().await });
+    t.wait_until(
+        &format!("{name}: the release never reached the server"),
+        || async { observer.status(&name).await.unwrap().is_free() },
+    )
+    .await;
+    iso.cut();
+    iso.hold_replies(false);
+    let was_ours = timeout(t.eventually(), release)
+        .await
+        .expect("the release ends")
+        .unwrap()
+        .expect("a lost reply is tried again, not an error");
+    assert!(
+        was_ours,
+        "{name}: a release whose reply was lost reported a loss"
+    );
+}
+
 /// A try whose answer comes back only after the request timeout is waited
 /// on, not raced by a second try for the same hold: both answers would set
 /// the hold up, the second undoing the first's lease keeping, and the

@@ -24,6 +24,7 @@ pub const TESTS: &[&str] = &[
     "try_and_timeout",
     "waiter_is_woken_by_release",
     "dropped_guard_releases",
+    "close_tells_live_guards",
     "cancelled_wait_leaves_nothing",
     "fair_mode_is_fifo",
     "fair_mode_is_refused",
@@ -47,6 +48,7 @@ pub const TESTS: &[&str] = &[
     "cancelled_reads_beside_own_write_leave_nothing",
     "a_lost_reply_is_not_a_second_grant",
     "a_slow_reply_is_not_a_second_grant",
+    "a_lost_release_reply_is_not_a_loss",
     "a_grant_past_its_lease_is_not_returned",
     "cut_off_run_is_killed_before_the_next_runs",
     "calls_return_when_the_server_stops_answering",
@@ -487,6 +489,34 @@ pub async fn waiter_is_woken_by_release(fx: &Fixture) {
         .unwrap()
         .unwrap();
     assert!(token > first);
+}
+
+/// Closing a client while one of its guards is alive tells the guard (its
+/// lost signal has fired, `Closed`, when `close` returns) and gives its
+/// lock back: another client gets it.
+pub async fn close_tells_live_guards(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("close");
+    let (a, b) = (fx.client().await, fx.client().await);
+    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let lost = g.lost();
+    a.close().await;
+    assert!(!g.is_held(), "{name}: a guard believed held after close");
+    // Polled once: the signal must already have fired.
+    let reason = timeout(Duration::ZERO, lost)
+        .await
+        .expect("the lost signal fired before close returned");
+    assert_eq!(reason, LostReason::Closed);
+    let won = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("the closed client's lock is given back");
+    assert!(won.fencing_token() > g.fencing_token());
+    assert!(!g.release().await.unwrap());
+    assert!(won.release().await.unwrap());
 }
 
 /// Dropping a guard releases in the background.
