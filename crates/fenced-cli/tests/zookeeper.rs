@@ -295,3 +295,39 @@ async fn the_last_token_record_never_goes_backwards() {
         "the record went back to the write's token"
     );
 }
+
+/// A client closed and dropped ends its session and its connection: a
+/// heartbeat task once outlived the client and kept both open for good,
+/// so a server's limit of connections per address (60 by default) came
+/// to refuse a process that reconnects now and then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_client_leaves_no_connection() {
+    let t = Timing::default();
+    let z = ZkEnsemble::start();
+    let port: u16 = z
+        .connect_string()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("one node's port");
+    let alive = || {
+        fenced_testkit::servers::zookeeper::four_letter(port, "mntr")
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("zk_num_alive_connections"))
+                    .and_then(|n| n.trim().parse::<u32>().ok())
+            })
+            .expect("mntr answers")
+    };
+    let before = alive();
+    for _ in 0..5 {
+        let c = Client::connect(&z.url()).await.unwrap();
+        let g = c.mutex(&unique("leak")).unwrap().acquire().await.unwrap();
+        assert!(g.release().await.unwrap());
+        c.close().await;
+    }
+    t.wait_until("the closed clients' connections end", || async {
+        alive() <= before
+    })
+    .await;
+}

@@ -202,6 +202,9 @@ impl Client {
     pub async fn close(&self) {
         let limit = self.inner.backend.request_timeout();
         self.inner.holds.lose_all(crate::LostReason::Closed);
+        // Its task would keep the backend (and its connections) until the
+        // next renewal was due.
+        self.inner.watchdog.wake();
         let (tx, rx) = oneshot::channel();
         if self.inner.worker.send(Job::Flush(tx)).is_ok()
             && tokio::time::timeout(limit, rx).await.is_err()

@@ -52,6 +52,12 @@ impl Watchdog {
         self.schedule(hold, at);
     }
 
+    /// Has the task look at its queue now: it drops released and lost
+    /// holds, and ends (letting go of the backend) if none is left.
+    pub(crate) fn wake(&self) {
+        self.notify.notify_one();
+    }
+
     /// Renews `hold` at `at`, starting the task if it is not running.
     fn schedule(self: &Arc<Self>, hold: Arc<Hold>, at: Instant) {
         let (spawn, wake) = {
