@@ -3,7 +3,7 @@
 //! fenced register beside it, under its token.
 
 use crate::client::Client;
-use crate::error::Result;
+use crate::error::{ErrorKind, Result};
 use crate::fence::FencedRegister;
 use crate::guard::Guard;
 use crate::lock::Lock;
@@ -129,7 +129,7 @@ impl Leadership {
                     .proclaim(g.hold_ref(), g.fencing_token(), value.as_ref()),
             )
             .await?;
-        match native {
+        let done = match native {
             None => self.value.write(g, value).await,
             Some(true) => Ok(()),
             Some(false) => Err(crate::error::Error::new(
@@ -140,7 +140,17 @@ impl Leadership {
                     g.fencing_token()
                 ),
             )),
+        };
+        // A newer leader's token has written, or the election no longer
+        // names us: another was granted after this hold, so it is over,
+        // whatever the lease or session still says (an advisory lock's
+        // session can be killed between two checks).
+        if let Err(e) = &done
+            && matches!(e.kind(), ErrorKind::StaleToken | ErrorKind::Lost)
+        {
+            g.lose(crate::LostReason::Taken);
         }
+        done
     }
 
     /// The guard of the leadership: token, `is_held`, `lost`.

@@ -52,6 +52,12 @@ impl Guard {
         &self.hold.r
     }
 
+    /// Stops believing in the hold: the server has shown that another
+    /// holder came after it. Fires the lost signal and lets the hold go.
+    pub(crate) fn lose(&self, reason: crate::LostReason) {
+        self.hold.mark_lost(reason);
+    }
+
     pub(crate) fn client(&self) -> &Arc<ClientInner> {
         &self.client
     }

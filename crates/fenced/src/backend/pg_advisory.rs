@@ -307,8 +307,15 @@ async fn unlock(hold: &SessionHold, idle: &IdleSessions<PgConnection>) -> Option
         .bind(hold.key)
         .fetch_one(&mut *c)
         .await
-        .and_then(|r| r.try_get::<bool, _>("was"))
-        .ok();
+        .and_then(|r| r.try_get::<bool, _>("was"));
+    let was = match was {
+        Ok(was) => Some(was),
+        // The server ended the session before it ran the unlock (an
+        // operator's pg_terminate_backend, a shutdown): the lock went
+        // with the session, before this release.
+        Err(sqlx::Error::Database(e)) if ended_by_server(e.as_ref()) => Some(false),
+        Err(_) => None,
+    };
     // The map and this hold are gone: only other holds keep the session.
     if Arc::strong_count(&hold.conn) == 1
         && let Some(mut c) = guard.take()
@@ -325,6 +332,13 @@ async fn unlock(hold: &SessionHold, idle: &IdleSessions<PgConnection>) -> Option
         }
     }
     was
+}
+
+/// Whether a statement's error is the server's word that it ended the
+/// session (a `FATAL` error) before running the statement.
+fn ended_by_server(e: &dyn sqlx::error::DatabaseError) -> bool {
+    e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .is_some_and(|e| e.severity() == sqlx::postgres::PgSeverity::Fatal)
 }
 
 /// A statement on the hold's session, to tell (and show the server) it

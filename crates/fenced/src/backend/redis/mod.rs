@@ -284,6 +284,13 @@ impl RedisBackend {
                 let client = redis::cluster::ClusterClient::builder(urls)
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
+                    // No retries inside the driver: it would send a script
+                    // again after a lost reply without saying so, and a
+                    // release tried twice must know it was (the second
+                    // finds nothing to release). Core retries instead, and
+                    // the driver still follows redirects by refreshing its
+                    // slot map for the next call.
+                    .retries(0)
                     .node_address_map(map)
                     .build()
                     .map_err(client_err)?;
