@@ -187,7 +187,7 @@ pub(crate) async fn worker(backend: Option<String>, args: WorkerArgs) -> anyhow:
                 }
             }
         };
-        let watcher = tokio::spawn({
+        let mut watcher = tokio::spawn({
             let (lost, tell) = (guard.lost(), tell_lost.clone());
             async move { tell(lost.await) }
         });
@@ -226,6 +226,13 @@ pub(crate) async fn worker(backend: Option<String>, args: WorkerArgs) -> anyhow:
                 }
             }
             Err(e) => emit(err("read", &e)),
+        }
+        // A hold that ran out while the worker was stopped in its section
+        // (no other holder got in, so its write went through): the lost
+        // signal must still come, within the bound, not be cut short by
+        // the release racing the watcher when the process wakes.
+        if !guard.is_held() {
+            let _ = tokio::time::timeout(args.lost_wait, &mut watcher).await;
         }
         watcher.abort();
         let called = mono_ns();
