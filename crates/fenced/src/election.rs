@@ -145,8 +145,11 @@ impl Leadership {
         // names us: another was granted after this hold, so it is over,
         // whatever the lease or session still says (an advisory lock's
         // session can be killed between two checks).
+        // (Only an exclusive hold: a semaphore's other holders have tokens
+        // of their own, higher or not.)
         if let Err(e) = &done
             && matches!(e.kind(), ErrorKind::StaleToken | ErrorKind::Lost)
+            && g.mode() == crate::Mode::Exclusive
         {
             g.lose(crate::LostReason::Taken);
         }

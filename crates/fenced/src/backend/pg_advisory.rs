@@ -335,10 +335,13 @@ async fn unlock(hold: &SessionHold, idle: &IdleSessions<PgConnection>) -> Option
 }
 
 /// Whether a statement's error is the server's word that it ended the
-/// session (a `FATAL` error) before running the statement.
+/// session (a `FATAL` or `PANIC` error) before running the statement.
+/// (A crash or immediate shutdown on PostgreSQL 14+ only warns, then
+/// closes: that reads as a failed session, whose answer is unknown.)
 fn ended_by_server(e: &dyn sqlx::error::DatabaseError) -> bool {
-    e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
-        .is_some_and(|e| e.severity() == sqlx::postgres::PgSeverity::Fatal)
+    use sqlx::postgres::{PgDatabaseError, PgSeverity};
+    e.try_downcast_ref::<PgDatabaseError>()
+        .is_some_and(|e| matches!(e.severity(), PgSeverity::Fatal | PgSeverity::Panic))
 }
 
 /// A statement on the hold's session, to tell (and show the server) it

@@ -82,6 +82,8 @@ struct Keys {
     qexp: String,
     register: String,
     channel: String,
+    /// The last released hold id (Cluster only).
+    released: String,
 }
 
 impl Keys {
@@ -95,6 +97,7 @@ impl Keys {
             qexp: beside("fenced_qexp", n)?,
             register: beside("fenced_register", n)?,
             channel: beside("redisson_lock__channel", n)?,
+            released: beside("fenced_released", n)?,
         })
     }
 
@@ -284,13 +287,6 @@ impl RedisBackend {
                 let client = redis::cluster::ClusterClient::builder(urls)
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
-                    // No retries inside the driver: it would send a script
-                    // again after a lost reply without saying so, and a
-                    // release tried twice must know it was (the second
-                    // finds nothing to release). Core retries instead, and
-                    // the driver still follows redirects by refreshing its
-                    // slot map for the next call.
-                    .retries(0)
                     .node_address_map(map)
                     .build()
                     .map_err(client_err)?;
@@ -474,14 +470,25 @@ impl RedisBackend {
 
     async fn release_inner(&self, hold: &HoldRef) -> Result<bool> {
         let k = Keys::of(&hold.name)?;
+        let cluster = self.is_cluster();
+        // Past the last time the cluster driver could send it again.
+        let remember = ms(self.timeout * 2).max(1000);
         let n: i64 = self
             .node
             .run(|mut c| async move {
-                let mut inv = self.scripts.release.prepare_invoke();
+                let script = if cluster {
+                    &self.scripts.release_cluster
+                } else {
+                    &self.scripts.release
+                };
+                let mut inv = script.prepare_invoke();
                 for key in k.lock_keys() {
                     inv.key(key);
                 }
                 inv.arg(&hold.hold_id).arg(&k.channel).arg(&hold.owner_key);
+                if cluster {
+                    inv.key(&k.released).arg(remember);
+                }
                 inv.invoke_async(&mut c).await
             })
             .await?;
@@ -506,10 +513,20 @@ impl RedisBackend {
         });
         // Concurrent calls on one multiplexed connection go out together:
         // one round trip per tick.
-        let replies = futures_util::future::join_all(calls).await;
+        let mut replies = futures_util::future::join_all(calls).await;
+        if replies.iter().all(|r| r.is_err())
+            && let Some(Err(e)) = replies.pop()
+        {
+            return Err(e);
+        }
+        // One failed call (a Cluster slot moving) leaves its own holds
+        // unknown, not the others of the tick.
         let mut out = Vec::with_capacity(holds.len());
-        for r in replies {
-            out.extend(r?.into_iter().map(|v| Renewal::from(v == 1)));
+        for (r, hs) in replies.into_iter().zip(holds.chunks(batch)) {
+            match r {
+                Ok(v) => out.extend(v.into_iter().map(|v| Renewal::from(v == 1))),
+                Err(_) => out.extend(hs.iter().map(|_| Renewal::Unknown)),
+            }
         }
         Ok(out)
     }

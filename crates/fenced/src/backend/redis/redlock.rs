@@ -317,7 +317,16 @@ impl Backend for RedLockBackend {
     fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
         Box::pin(async move {
             let all = self.on_all(|n| n.status_inner(name)).await?;
-            // A holder counts where a majority names it.
+            // A holder counts where a majority names it; and when no
+            // majority is free (holds a minority each, such as a dropped
+            // acquisition's still being withdrawn), every named holder
+            // does: the lock is not to be had until they go.
+            let free = all.iter().filter(|s| s.holders.is_empty()).count();
+            let named_by = if free >= self.quorum() {
+                self.quorum()
+            } else {
+                1
+            };
             let mut merged: Vec<(HolderInfo, usize)> = Vec::new();
             for h in all.iter().flat_map(|s| &s.holders) {
                 match merged
@@ -335,7 +344,7 @@ impl Backend for RedLockBackend {
             Ok(LockStatus {
                 holders: merged
                     .into_iter()
-                    .filter(|(_, n)| *n >= self.quorum())
+                    .filter(|(_, n)| *n >= named_by)
                     .map(|(h, _)| h)
                     .collect(),
                 waiters: all.iter().map(|s| s.waiters).max().unwrap_or(0),

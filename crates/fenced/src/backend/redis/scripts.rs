@@ -11,6 +11,7 @@
 //! | `fenced_holds:{N}` | string | `simple` layout only: `<hold id>#` and what `~<hold id>` holds in the other layout: `<owner>\|<mode>\|<take>\|<max>\|<token>\|<expiry ms, server time>` |
 //! | `fenced_queue:{N}` / `fenced_qexp:{N}` | sorted sets | waiters, fair or not, by ticket / by expiry; member `<ticket>\|<owner>`; `~handoff` in `qexp` while a release's hand-over to the head stands |
 //! | `fenced_register:{N}` | hash | the fenced register: `v` value, `f` highest fence |
+//! | `fenced_released:{N}` | string | Cluster only: the hold id of the last release, for twice the request timeout (see [`cluster_release`]) |
 //!
 //! Expiry is by the server's clock (`TIME`), never a client's. Every key
 //! but the counter expires with the last hold or waiter; the counter is
@@ -371,6 +372,22 @@ if h.exp <= now then return 0 end
 return 1
 "#;
 
+/// Release on a Cluster, around the release of the layout: the cluster
+/// driver sends a script again, without saying so, when the connection
+/// drops before the reply (as it must, to follow failovers and
+/// redirects), and the second run finds nothing to release. So a release
+/// that let a hold go leaves its hold id for a while (`KEYS[6]`, ARGV[4]
+/// ms), and a run that finds nothing but that id says the hold was ours.
+fn cluster_release(body: &str) -> String {
+    format!(
+        "local function release()\n{body}\nend\n\
+         local r = release()\n\
+         if r == 1 then redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[4])\n\
+         elseif redis.call('GET', KEYS[6]) == ARGV[1] then r = 1 end\n\
+         return r\n"
+    )
+}
+
 /// Abandon: forget a queue place and any hold granted to it. ARGV: ticket
 /// (or ""), hold id, channel.
 const ABANDON: &str = r#"
@@ -506,6 +523,8 @@ return n - by
 pub(super) struct Scripts {
     pub(super) acquire: redis::Script,
     pub(super) release: redis::Script,
+    /// [`cluster_release`] of `release`.
+    pub(super) release_cluster: redis::Script,
     pub(super) abandon: redis::Script,
     pub(super) status: redis::Script,
     pub(super) force: redis::Script,
@@ -523,13 +542,18 @@ impl Scripts {
             |body: &str| redis::Script::new(&format!("{COMMON}{layout}{GRANT_COMMON}{body}"));
         // The `redisson` layout's hot paths run before the shared code.
         // (`instead` stands in for it in the `simple` layout.)
-        let fast = |fast: &str, instead: &str, body: &str| {
+        let fast_text = |fast: &str, instead: &str, body: &str| {
             let fast = if simple { instead } else { fast };
-            redis::Script::new(&format!("{fast}{COMMON}{layout}{GRANT_COMMON}{body}"))
+            format!("{fast}{COMMON}{layout}{GRANT_COMMON}{body}")
         };
+        let fast = |fast: &str, instead: &str, body: &str| {
+            redis::Script::new(&fast_text(fast, instead, body))
+        };
+        let release = fast_text(FAST_RELEASE_HASH, NO_FAST_RELEASE, RELEASE);
         Scripts {
             acquire: fast(FAST_ACQUIRE_HASH, "", ACQUIRE),
-            release: fast(FAST_RELEASE_HASH, NO_FAST_RELEASE, RELEASE),
+            release: redis::Script::new(&release),
+            release_cluster: redis::Script::new(&cluster_release(&release)),
             abandon: with(ABANDON),
             status: with(STATUS),
             force: with(FORCE),
