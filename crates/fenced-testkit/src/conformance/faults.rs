@@ -3,11 +3,24 @@
 //! lost reply) and under cancellation at random await points. Every test
 //! runs at the defaults a user gets: default lease, default session.
 
-use crate::{Fixture, Timing, unique};
+use crate::{Fixture, Isolated, Timing, unique};
 use fenced::{DEFAULT_LEASE, ErrorKind, LostReason, Owner};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::{Instant, timeout};
+
+/// A client of its own behind the kit's proxy (`replies`: one whose
+/// replies can be held back), an observer client beside it, and a fresh
+/// lock name starting `what`.
+async fn cut_off(fx: &Fixture, replies: bool, what: &str) -> (Isolated, fenced::Client, String) {
+    let iso = if replies {
+        fx.isolated_for_replies().await
+    } else {
+        fx.isolated().await
+    };
+    let iso = iso.expect("this backend has network faults");
+    (iso, fx.client().await, unique(what))
+}
 
 /// A random duration below `max`, for cancellation at random points.
 fn random_below(max: Duration) -> Duration {
@@ -24,12 +37,7 @@ fn random_below(max: Duration) -> Duration {
 /// session's lock away (advisory locks) let it go too.
 pub async fn partitioned_holder_is_told_first(fx: &Fixture) {
     let t = Timing::default();
-    let iso = fx
-        .isolated()
-        .await
-        .expect("this backend has network faults");
-    let observer = fx.client().await;
-    let name = unique("part");
+    let (iso, observer, name) = cut_off(fx, false, "part").await;
     let g = iso.client.mutex(&name).unwrap().acquire().await.unwrap();
     let token = g.fencing_token();
     let told: Arc<Mutex<Option<(Instant, LostReason)>>> = Arc::default();
@@ -114,12 +122,7 @@ pub async fn killed_session_is_reported(fx: &Fixture) {
 /// its connection); never both held by this client and given to another.
 pub async fn cut_connections_keep_or_lose_cleanly(fx: &Fixture) {
     let t = Timing::default();
-    let iso = fx
-        .isolated()
-        .await
-        .expect("this backend has network faults");
-    let observer = fx.client().await;
-    let name = unique("cut");
+    let (iso, observer, name) = cut_off(fx, false, "cut").await;
     let lease = t.ms(1500);
     let g = iso
         .client
@@ -292,12 +295,7 @@ pub async fn a_lost_reply_is_not_a_second_grant(fx: &Fixture) {
 
 async fn lost_reply_once(fx: &Fixture, owner: Option<Owner>) {
     let t = Timing::default();
-    let iso = fx
-        .isolated_for_replies()
-        .await
-        .expect("this backend has network faults");
-    let observer = fx.client().await;
-    let name = unique("lostreply");
+    let (iso, observer, name) = cut_off(fx, true, "lostreply").await;
     let mut lock = iso.client.mutex(&name).unwrap();
     if let Some(o) = &owner {
         lock = lock.owner(o);
@@ -333,12 +331,7 @@ async fn lost_reply_once(fx: &Fixture, owner: Option<Owner>) {
 /// reports the release, not a loss: the hold was ours until then.
 pub async fn a_lost_release_reply_is_not_a_loss(fx: &Fixture) {
     let t = Timing::default();
-    let iso = fx
-        .isolated_for_replies()
-        .await
-        .expect("this backend has network faults");
-    let observer = fx.client().await;
-    let name = unique("lostrelease");
+    let (iso, observer, name) = cut_off(fx, true, "lostrelease").await;
     warm_up(&iso.client, &name).await;
     let g = iso.client.mutex(&name).unwrap().acquire().await.unwrap();
     // As in warm_up: the pool's check of the connection answers first.
@@ -369,12 +362,7 @@ pub async fn a_lost_release_reply_is_not_a_loss(fx: &Fixture) {
 /// hold the caller got would be deleted under it.
 pub async fn a_slow_reply_is_not_a_second_grant(fx: &Fixture) {
     let t = Timing::default();
-    let iso = fx
-        .isolated_for_replies()
-        .await
-        .expect("this backend has network faults");
-    let observer = fx.client().await;
-    let name = unique("slowreply");
+    let (iso, observer, name) = cut_off(fx, true, "slowreply").await;
     let lock = iso.client.mutex(&name).unwrap();
     warm_up(&iso.client, &name).await;
     iso.hold_replies(true);
@@ -406,12 +394,7 @@ pub async fn a_slow_reply_is_not_a_second_grant(fx: &Fixture) {
 /// it still holds, or an error.
 pub async fn a_grant_past_its_lease_is_not_returned(fx: &Fixture) {
     let t = Timing::default();
-    let iso = fx
-        .isolated_for_replies()
-        .await
-        .expect("this backend has network faults");
-    let observer = fx.client().await;
-    let name = unique("late");
+    let (iso, observer, name) = cut_off(fx, true, "late").await;
     let lease = t.ms(800);
     let lock = iso.client.mutex(&name).unwrap().fixed_lease(lease);
     warm_up(&iso.client, &name).await;

@@ -80,6 +80,29 @@ pub(crate) async fn lease_runs_out(mut rx: tokio::sync::watch::Receiver<tokio::t
     }
 }
 
+/// Starts a hold's lease timer, the first time only: `end` runs when the
+/// lease in `slot` runs out (or its sender is dropped). A second answer
+/// for one hold (a try that outlived its caller's patience, answered
+/// after the next) keeps the first grant's lease: a second timer would
+/// orphan the first, which would end the hold early.
+pub(crate) fn arm_lease_once<F>(
+    slot: &std::sync::Mutex<Option<tokio::sync::watch::Sender<tokio::time::Instant>>>,
+    lease: Duration,
+    end: F,
+) where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut slot = lock(slot);
+    if slot.is_none() {
+        let (tx, rx) = tokio::sync::watch::channel(tokio::time::Instant::now() + lease);
+        *slot = Some(tx);
+        tokio::spawn(async move {
+            lease_runs_out(rx).await;
+            end.await;
+        });
+    }
+}
+
 /// Database sessions that hold no lock, kept for the next session-held
 /// lock instead of a new connection each time.
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -41,7 +41,7 @@
 use super::queue::{Wait, decode_register, encode_register, grants, register_cas, waits_for};
 use super::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Renewal, Ticket, lease_runs_out, lock,
+    RegisterValue, Renewal, Ticket, arm_lease_once, lock,
 };
 use crate::core::hold::{SessionClock, believed_until};
 use crate::core::machine::permits_differ;
@@ -619,22 +619,10 @@ impl Inner {
                     w.abort();
                 }
                 self.mark_earlier_holds(&own, token);
-                // A second answer for one hold (a try that outlived its
-                // caller's patience, answered after the next) keeps the
-                // first grant's lease: a second deadline would orphan the
-                // first's expiry task, which would end the hold early.
-                let mut deadline = lock(&own.deadline);
-                if deadline.is_none() {
-                    let (tx, rx) = watch::channel(Instant::now() + req.lease);
-                    *deadline = Some(tx);
-                    let me = self.clone();
-                    let id = req.hold_id.clone();
-                    tokio::spawn(async move {
-                        lease_runs_out(rx).await;
-                        me.end_patiently(&id, super::queue::TRIES_WAITED_ON).await;
-                    });
-                }
-                drop(deadline);
+                let (me, id) = (self.clone(), req.hold_id.clone());
+                arm_lease_once(&own.deadline, req.lease, async move {
+                    me.end_patiently(&id, super::queue::TRIES_WAITED_ON).await;
+                });
                 Ok(Outcome::Granted {
                     token: token as u64,
                     session: Some(self.clock.bound_of(own.session)),
