@@ -349,11 +349,16 @@ impl Endpoints {
     allow(dead_code)
 )]
 pub(crate) fn parse_timeout(v: &str, label: &str) -> Result<std::time::Duration> {
-    parse_duration(v).filter(|t| !t.is_zero()).ok_or_else(|| {
-        Error::invalid(format!(
-            "timeout={v:?} in {label:?}: a positive duration like 500ms or 5s"
-        ))
-    })
+    // An hour at most: a request timeout is multiplied and added to
+    // instants, which must not overflow.
+    const MAX: std::time::Duration = std::time::Duration::from_secs(3600);
+    parse_duration(v)
+        .filter(|t| !t.is_zero() && *t <= MAX)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "timeout={v:?} in {label:?}: a positive duration up to 1h, like 500ms or 5s"
+            ))
+        })
 }
 
 /// `250ms`, `2s`, `1m`, `1h` or bare milliseconds.

@@ -507,6 +507,14 @@ pub async fn close_tells_live_guards(fx: &Fixture) {
         .await
         .expect("the lost signal fired before close returned");
     assert_eq!(reason, LostReason::Closed);
+    // A closed client hands out no more guards: nothing would tell them.
+    let e = a
+        .mutex(&unique("after-close"))
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("a closed client refuses to acquire");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     let won = b
         .mutex(&name)
         .unwrap()

@@ -160,6 +160,13 @@ fn identity(inner: &ClientInner, named: Option<&Owner>) -> (String, String) {
     (hold_id, owner_key)
 }
 
+fn closed_error(name: &crate::name::LockName) -> Error {
+    Error::unavailable(format!(
+        "cannot acquire {:?}: the client was closed",
+        name.as_str()
+    ))
+}
+
 async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
     let inner = &lock.client.inner;
     let named = lock.opts.owner.clone().or_else(Owner::current);
@@ -205,7 +212,11 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
         in_flight: Vec::new(),
     };
     let mut waiting_since = None;
+    let mut late_grants = 0u32;
     loop {
+        if inner.holds.is_closed() {
+            return Err(closed_error(&lock.name));
+        }
         // Another task of this owner may have won the lock while we
         // waited (a backend that does not grant one owner twice, like
         // Redis's simple layout, keeps us waiting on it): nest into its
@@ -266,12 +277,28 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                         )));
                     }
                     tracing::debug!(?took, "granted past its own lease; trying again");
+                    // Not at once: what slowed the answer (a busy server,
+                    // a session no longer confirmed) is likely still there.
+                    late_grants += 1;
+                    let pause = lock
+                        .opts
+                        .retry
+                        .delay(late_grants - 1, Duration::ZERO)
+                        .unwrap_or(timeout)
+                        .min(timeout);
+                    let wake = Instant::now() + pause;
+                    tokio::time::sleep_until(deadline.map_or(wake, |d| d.min(wake))).await;
                     (attempt.hold_id, attempt.owner_key) = identity(inner, named.as_ref());
                     attempt.ticket = None;
                     continue;
                 }
+                if !inner.holds.track(&hold) {
+                    // The client closed while this try was out: its guard
+                    // would never be told its lock went with the client.
+                    // The cleanup gives the grant back.
+                    return Err(closed_error(&lock.name));
+                }
                 cleanup.disarm();
-                inner.holds.track(&hold);
                 let renewed = lock.opts.lease.is_renewed();
                 let waited = waiting_since.map(|t: Instant| t.elapsed());
                 return Ok(Some(match inner.holds.insert(hold.clone()) {

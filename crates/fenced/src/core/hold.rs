@@ -296,14 +296,21 @@ impl Hold {
 
     /// Fires the lost signal (once).
     pub(crate) fn mark_lost(&self, reason: LostReason) {
+        // A renewal in flight when the holder released may answer "gone"
+        // or fail: the hold ended cleanly, and nobody is to be told.
+        if self.is_released() {
+            return;
+        }
         let fired = self.state.send_if_modified(|s| {
-            if s.lost.is_some() {
+            if s.lost.is_some() || self.is_released() {
                 return false;
             }
             s.lost = Some(reason);
             true
         });
-        if fired && !self.is_released() {
+        // Fired while not released: the holder's release (if it comes
+        // now) sees the loss and leaves the giving back to this job.
+        if fired {
             tracing::warn!(lock = %self.r.name, token = self.token, %reason, "lock lost");
             let _ = self.worker.send(Job::Release(self.r.clone()));
         }
@@ -375,7 +382,9 @@ type Key = (LockName, String, i64);
 #[derive(Default)]
 pub(crate) struct HoldTable {
     map: Mutex<HashMap<Key, Arc<Hold>>>,
-    every: Mutex<Vec<Weak<Hold>>>,
+    /// Every hold handed out, and whether the client has closed (then no
+    /// more are).
+    every: Mutex<(Vec<Weak<Hold>>, bool)>,
 }
 
 fn key(name: &LockName, owner_key: &str, mode: Mode) -> Key {
@@ -405,21 +414,38 @@ impl HoldTable {
             .is_some_and(|h| h.is_held())
     }
 
-    /// Keeps `hold` on the list [`lose_all`](Self::lose_all) tells.
-    pub(crate) fn track(&self, hold: &Arc<Hold>) {
+    /// Keeps `hold` on the list [`lose_all`](Self::lose_all) tells; false
+    /// (and not kept) once the client has closed: the grant must not be
+    /// handed out, since nothing would tell its guard that it went.
+    pub(crate) fn track(&self, hold: &Arc<Hold>) -> bool {
         let mut every = self.every.lock().unwrap_or_else(|e| e.into_inner());
+        let (list, closed) = &mut *every;
+        if *closed {
+            return false;
+        }
         // Before the list would grow, drop the holds gone since: the list
         // stays within twice the live holds, at amortised constant cost.
-        if every.len() == every.capacity() {
-            every.retain(|w| w.strong_count() > 0);
+        if list.len() == list.capacity() {
+            list.retain(|w| w.strong_count() > 0);
         }
-        every.push(Arc::downgrade(hold));
+        list.push(Arc::downgrade(hold));
+        true
+    }
+
+    /// Whether the client has closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.every.lock().unwrap_or_else(|e| e.into_inner()).1
     }
 
     /// Fires the lost signal of every hold still believed (the client
-    /// closes: its connections, and the holds on them, go).
+    /// closes: its connections, and the holds on them, go), and tracks no
+    /// more.
     pub(crate) fn lose_all(&self, reason: LostReason) {
-        let every = std::mem::take(&mut *self.every.lock().unwrap_or_else(|e| e.into_inner()));
+        let every = {
+            let mut every = self.every.lock().unwrap_or_else(|e| e.into_inner());
+            every.1 = true;
+            std::mem::take(&mut every.0)
+        };
         for hold in every.iter().filter_map(Weak::upgrade) {
             if hold.is_held() {
                 hold.mark_lost(reason);

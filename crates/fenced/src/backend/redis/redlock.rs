@@ -51,13 +51,10 @@ fn node_timeout(ep: &mut Endpoints) -> Result<Duration> {
             )));
         }
     }
-    let t = ep.take_duration("timeout")?.unwrap_or(NODE_TIMEOUT);
-    if t.is_zero() {
-        return Err(Error::invalid(
-            "timeout=0 in a redlock:// URL: it must be positive",
-        ));
+    match ep.take("timeout") {
+        None => Ok(NODE_TIMEOUT),
+        Some(v) => crate::url::parse_timeout(&v, "a redlock:// URL"),
     }
-    Ok(t)
 }
 
 pub(crate) struct RedLockBackend {
@@ -412,5 +409,8 @@ mod tests {
         assert!(e.to_string().contains("wait_timeout"), "{e}");
         assert!(timeout_of("redlock://a,b,c?min_replicas=1").is_err());
         assert!(timeout_of("redlock://a,b,c?timeout=0").is_err());
+        // Past an hour, the arithmetic on instants could overflow.
+        assert!(timeout_of("redlock://a,b,c?timeout=10000000000000000000s").is_err());
+        assert!(timeout_of("redlock://a,b,c?timeout=2h").is_err());
     }
 }
