@@ -16,14 +16,27 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free TCP port on 127.0.0.1. Another process may take it before the
-/// server binds it: [`Server::start`] callers retry with a new port when
-/// the server exits at once.
+/// A free TCP port on 127.0.0.1, never one this process handed out
+/// before: the kernel may offer a port again as soon as its probe socket
+/// closes, and two members of one cluster once got the same port (one
+/// of them could not start, and the cluster lost its majority with the
+/// next kill). Another process may still take it before the server binds
+/// it: [`Server::start`] callers retry with a new port when the server
+/// exits at once.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("no loopback port this process has not used already");
 }
 
 /// The path of `bin` on `PATH` (or in `extra_dirs`), or a panic that says
