@@ -314,12 +314,11 @@ impl ClientInner {
         // into an error: retry transient failures a little (two request
         // timeouts at most: the caller does not wait on a server that has
         // stopped answering), then leave the hold to the background worker
-        // (and, at worst, its lease). Past the lease the release is moot,
-        // so retries stop there.
+        // (and, at worst, its lease). Past the lease, or the session, the
+        // release is moot, so retries stop there.
         let limit = self.backend.request_timeout();
         let until = Some(
-            hold.state()
-                .deadline
+            hold.believed_until()
                 .min(tokio::time::Instant::now() + limit * 2),
         );
         let scheme = self.backend.scheme();

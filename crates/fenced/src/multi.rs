@@ -109,10 +109,22 @@ fn key(l: &Lock) -> (&str, &str, i64) {
     (&l.client.inner.identity, l.name(), l.mode.code())
 }
 
+/// Gives back what was taken: all at once, for one request timeout at
+/// most (one after the other, a silent server would keep a caller whose
+/// deadline has passed waiting up to two request timeouts a lock); what
+/// is not done by then goes on in the background, as a dropped guard's
+/// release does.
 async fn rollback(guards: Vec<Guard>) {
-    for g in guards.into_iter().rev() {
-        let _ = g.release().await;
+    let limit = guards
+        .iter()
+        .map(|g| g.client().backend.request_timeout())
+        .max()
+        .unwrap_or_default();
+    let mut releases = tokio::task::JoinSet::new();
+    for g in guards {
+        releases.spawn(g.release());
     }
+    let _ = tokio::time::timeout(limit, releases.join_all()).await;
 }
 
 /// All the guards of a [`MultiLock`].

@@ -85,6 +85,7 @@ pub(crate) async fn lease_runs_out(mut rx: tokio::sync::watch::Receiver<tokio::t
 /// for one hold (a try that outlived its caller's patience, answered
 /// after the next) keeps the first grant's lease: a second timer would
 /// orphan the first, which would end the hold early.
+#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
 pub(crate) fn arm_lease_once<F>(
     slot: &std::sync::Mutex<Option<tokio::sync::watch::Sender<tokio::time::Instant>>>,
     lease: Duration,
