@@ -22,6 +22,34 @@ async fn cut_off(fx: &Fixture, replies: bool, what: &str) -> (Isolated, fenced::
     (iso, fx.client().await, unique(what))
 }
 
+/// Runs `op` with the replies from the server held back until `applied`
+/// shows the server acted on it, then resets the connection (the reply
+/// is lost) and lets replies through again: what `op` ended with.
+async fn with_reply_lost<T, Op, F, Fut>(
+    t: &Timing,
+    iso: &Isolated,
+    what: &str,
+    op: Op,
+    applied: F,
+) -> T
+where
+    T: Send + 'static,
+    Op: std::future::Future<Output = T> + Send + 'static,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    iso.hold_replies(true);
+    let op = tokio::spawn(op);
+    t.wait_until(&format!("{what} never reached the server"), applied)
+        .await;
+    iso.cut();
+    iso.hold_replies(false);
+    timeout(t.eventually(), op)
+        .await
+        .unwrap_or_else(|_| panic!("{what} never ended"))
+        .unwrap()
+}
+
 /// A random duration below `max`, for cancellation at random points.
 fn random_below(max: Duration) -> Duration {
     let r = uuid::Uuid::new_v4().as_u128();
@@ -104,16 +132,7 @@ pub async fn killed_session_is_reported(fx: &Fixture) {
         "{reason:?}"
     );
     assert!(!g.is_held());
-    let won = b
-        .mutex(&name)
-        .unwrap()
-        .acquire_timeout(t.eventually())
-        .await
-        .unwrap()
-        .expect("the killed session's lock is free");
-    assert!(won.fencing_token() > g.fencing_token());
-    assert!(!g.release().await.unwrap());
-    assert!(won.release().await.unwrap());
+    super::another_takes_it(&t, &b, &name, g, "the killed session's lock is free").await;
 }
 
 /// Every connection of a holder reset: the hold survives (the client
@@ -305,20 +324,15 @@ async fn lost_reply_once(fx: &Fixture, owner: Option<Owner>) {
         lock = lock.owner(o);
     }
     warm_up(&iso.client, &name).await;
-    iso.hold_replies(true);
-    let attempt = tokio::spawn(async move { lock.acquire().await });
-    t.wait_until(
-        &format!("{name}: the request never reached the server"),
+    let g = with_reply_lost(
+        &t,
+        &iso,
+        &format!("{name}: the acquire"),
+        async move { lock.acquire().await },
         || async { !observer.status(&name).await.unwrap().is_free() },
     )
-    .await;
-    iso.cut();
-    iso.hold_replies(false);
-    let g = timeout(t.eventually(), attempt)
-        .await
-        .expect("the acquire ends")
-        .unwrap()
-        .expect("a lost reply is tried again, not an error");
+    .await
+    .expect("a lost reply is tried again, not an error");
     let st = observer.status(&name).await.unwrap();
     assert_eq!(st.holders.len(), 1, "{name}: {st:?}");
     assert!(g.is_held());
@@ -340,20 +354,15 @@ pub async fn a_lost_release_reply_is_not_a_loss(fx: &Fixture) {
     let g = iso.client.mutex(&name).unwrap().acquire().await.unwrap();
     // As in warm_up: the pool's check of the connection answers first.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    iso.hold_replies(true);
-    let release = tokio::spawn(async move { g.release().await });
-    t.wait_until(
-        &format!("{name}: the release never reached the server"),
+    let was_ours = with_reply_lost(
+        &t,
+        &iso,
+        &format!("{name}: the release"),
+        async move { g.release().await },
         || async { observer.status(&name).await.unwrap().is_free() },
     )
-    .await;
-    iso.cut();
-    iso.hold_replies(false);
-    let was_ours = timeout(t.eventually(), release)
-        .await
-        .expect("the release ends")
-        .unwrap()
-        .expect("a lost reply is tried again, not an error");
+    .await
+    .expect("a lost reply is tried again, not an error");
     assert!(
         was_ours,
         "{name}: a release whose reply was lost reported a loss"

@@ -515,15 +515,27 @@ pub async fn close_tells_live_guards(fx: &Fixture) {
         .await
         .expect_err("a closed client refuses to acquire");
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    another_takes_it(&t, &b, &name, g, "the closed client's lock is given back").await;
+}
+
+/// `b` gets lock `name`, which `lost` held until it lost it, with a
+/// higher token; `lost`'s release then reports the loss.
+async fn another_takes_it(
+    t: &Timing,
+    b: &fenced::Client,
+    name: &str,
+    lost: fenced::Guard,
+    what: &str,
+) {
     let won = b
-        .mutex(&name)
+        .mutex(name)
         .unwrap()
         .acquire_timeout(t.eventually())
         .await
         .unwrap()
-        .expect("the closed client's lock is given back");
-    assert!(won.fencing_token() > g.fencing_token());
-    assert!(!g.release().await.unwrap());
+        .expect(what);
+    assert!(won.fencing_token() > lost.fencing_token());
+    assert!(!lost.release().await.unwrap());
     assert!(won.release().await.unwrap());
 }
 

@@ -296,12 +296,9 @@ impl Hold {
 
     /// Fires the lost signal (once).
     pub(crate) fn mark_lost(&self, reason: LostReason) {
-        // A renewal in flight when the holder released may answer "gone"
-        // or fail: the hold ended cleanly, and nobody is to be told.
-        if self.is_released() {
-            return;
-        }
         let fired = self.state.send_if_modified(|s| {
+            // A renewal in flight when the holder released may answer
+            // "gone" or fail: the hold ended cleanly, nobody is told.
             if s.lost.is_some() || self.is_released() {
                 return false;
             }
