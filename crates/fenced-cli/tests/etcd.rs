@@ -121,13 +121,14 @@ async fn leader_killed_while_held() {
         .try_init();
     let t = Timing::default();
     let mut c = EtcdCluster::start_n(3);
-    let url = format!("{}?lease_ttl=3s", c.url());
-    let (_a, b, name, g) = fenced_testkit::one_holds(&url, "leader", &t).await;
+    let url = c.url();
+    let (_a, b, name, g) = fenced_testkit::one_holds(&url, "leader").await;
     let leader = c.leader().expect("a leader");
     c.kill(leader);
     let lock = b.mutex(&name).unwrap();
-    // Two session TTLs: long enough for a lost session to show.
-    for _ in 0..6 {
+    // Two default session TTLs (10 s): long enough for a lost session to
+    // show.
+    for _ in 0..20 {
         tokio::time::sleep(t.ms(1000)).await;
         let other = t
             .until_available("etcd elects a leader", || lock.try_acquire())

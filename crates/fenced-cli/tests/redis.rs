@@ -515,7 +515,7 @@ async fn sentinel_client_leaves_a_replaced_master_that_still_answers() {
     let url = group
         .url()
         .replacen("redis+sentinel://", "redis+sentinel://app:pw@", 1);
-    let (_a, _b, name, g) = fenced_testkit::one_holds(&url, "moved", &t).await;
+    let (_a, _b, name, g) = fenced_testkit::one_holds(&url, "moved").await;
     let old = group.master_port().unwrap();
     let replicas: Vec<u16> = group
         .nodes

@@ -110,11 +110,13 @@ async fn leader_killed_while_held() {
     let t = Timing::default();
     let mut z = ZkEnsemble::start_n(3);
     let url = z.url();
-    let (_a, b, name, g) = fenced_testkit::one_holds(&url, "zkleader", &t).await;
+    let (_a, b, name, g) = fenced_testkit::one_holds(&url, "zkleader").await;
     let leader = z.leader().expect("a leader");
     z.kill(leader);
     let lock = b.mutex(&name).unwrap();
-    for _ in 0..6 {
+    // Past the default session timeout (10 s): a session lost in the
+    // election would have shown.
+    for _ in 0..12 {
         tokio::time::sleep(t.ms(1000)).await;
         let other = t
             .until_available("the ensemble elects a leader", || lock.try_acquire())

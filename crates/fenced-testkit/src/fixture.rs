@@ -58,23 +58,18 @@ pub fn unique(prefix: &str) -> String {
 }
 
 /// What the fault tests of a server topology start from: two clients of
-/// `url`, and the first holding a fresh name (`prefix`) with a renewed
-/// lease of 2 s (scaled by `t`).
+/// `url`, and the first holding a fresh name (`prefix`) at the default
+/// lease (30 s, renewed), as a user's would: a hold that must survive a
+/// leader election has the lease a user's has, not a shorter one that an
+/// election at the engine's default timing could outlast.
 pub async fn one_holds(
     url: &str,
     prefix: &str,
-    t: &crate::Timing,
 ) -> (fenced::Client, fenced::Client, String, fenced::Guard) {
     let a = fenced::Client::connect(url).await.unwrap();
     let b = fenced::Client::connect(url).await.unwrap();
     let name = unique(prefix);
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .lease(t.ms(2000))
-        .acquire()
-        .await
-        .unwrap();
+    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
     (a, b, name, g)
 }
 
