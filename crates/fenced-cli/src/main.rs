@@ -17,18 +17,31 @@ pub(crate) const EXIT_NOT_ACQUIRED: u8 = 75;
 /// Exit code when the lock was lost while CMD ran and CMD was killed.
 pub(crate) const EXIT_LOST: u8 = 76;
 
+/// The help text's backend section, from the backend table: every URL
+/// this build of fenced can open.
+fn backend_help() -> String {
+    let mut urls = Vec::new();
+    for b in fenced::backends() {
+        if b.is_built() {
+            urls.push(format!("  {:<42} {}", b.example, b.summary));
+        }
+    }
+    format!(
+        "Backend: --backend URL, else $FENCED_BACKEND, else an SQLite file at \
+         $XDG_STATE_HOME/fenced/locks.db (default ~/.local/state/fenced/locks.db), \
+         shared by every fenced process on this host.\n\
+         URLs this build opens:\n{}\n\
+         Logs: FENCED_LOG=debug (tracing filter syntax).",
+        urls.join("\n")
+    )
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "fenced",
     version,
     about = "Distributed locks with fencing tokens: like flock(1), but across machines",
-    after_help = "Backend: --backend URL, else $FENCED_BACKEND, else an SQLite file at \
-                  $XDG_STATE_HOME/fenced/locks.db (default ~/.local/state/fenced/locks.db), \
-                  shared by every fenced process on this host.\n\
-                  URLs: sqlite:///path/locks.db, memory:// (this process only), \
-                  redis://host:6379[?layout=simple], redis+sentinel://h1,h2/SERVICE, \
-                  redis+cluster://h1,h2,h3, redlock://h1,h2,h3.\n\
-                  Logs: FENCED_LOG=debug (tracing filter syntax)."
+    after_help = backend_help()
 )]
 struct Cli {
     /// Backend URL (sqlite:///path/locks.db, redis://host:6379, memory://...).

@@ -1,7 +1,6 @@
 //! The client: one connection to one backend, shared by every lock made
 //! from it. Cheap to clone.
 
-use crate::backend::{Backend, HoldRef, LockStatus, Mode};
 use crate::core::hold::{Hold, HoldTable};
 use crate::core::watchdog::Watchdog;
 use crate::core::worker::{self, Job};
@@ -11,6 +10,8 @@ use crate::lock::{Lock, RwLock};
 use crate::name::LockName;
 use crate::options::MAX_PERMITS;
 use crate::retry::RetryPolicy;
+use crate::spi::wake::Wakeups;
+use crate::spi::{Backend, HoldRef, LockStatus, Mode};
 use crate::striped::StripedLock;
 use std::fmt;
 use std::sync::Arc;
@@ -42,6 +43,8 @@ pub(crate) struct ClientInner {
     /// The backend's canonical identity (see `Backend::identity`).
     pub(crate) identity: String,
     pub(crate) backend: Arc<dyn Backend>,
+    /// Where the backend wakes this client's waiters.
+    pub(crate) wakeups: Arc<Wakeups>,
     pub(crate) holds: HoldTable,
     pub(crate) watchdog: Arc<Watchdog>,
     worker: mpsc::UnboundedSender<Job>,
@@ -72,8 +75,13 @@ impl Client {
     /// [`Unavailable`](crate::ErrorKind::Unavailable) when the backend
     /// cannot be reached or opened.
     pub async fn connect(url: &str) -> Result<Client> {
-        let backend = crate::url::open(url).await?;
-        Ok(Client::with_backend(backend, crate::url::redact(url)))
+        let wakeups = Arc::new(Wakeups::default());
+        let backend = crate::url::open(url, wakeups.clone()).await?;
+        Ok(Client::with_backend(
+            backend,
+            wakeups,
+            crate::spi::endpoints::redact(url),
+        ))
     }
 
     /// Connects to the URL in `FENCED_BACKEND`, or else to the SQLite file
@@ -85,7 +93,7 @@ impl Client {
         }
     }
 
-    pub(crate) fn with_backend(backend: Arc<dyn Backend>, url: String) -> Client {
+    fn with_backend(backend: Arc<dyn Backend>, wakeups: Arc<Wakeups>, url: String) -> Client {
         let worker = worker::spawn(backend.clone());
         Client {
             inner: Arc::new(ClientInner {
@@ -94,6 +102,7 @@ impl Client {
                 identity: backend.identity(),
                 watchdog: Watchdog::new(backend.clone()),
                 backend,
+                wakeups,
                 holds: HoldTable::default(),
                 worker,
             }),
@@ -254,7 +263,7 @@ impl ClientInner {
     /// died in the pool, a failover) within that time.
     pub(crate) async fn read<'a, T: Send + 'a>(
         &'a self,
-        mut f: impl FnMut(&'a dyn Backend) -> crate::backend::BoxFuture<'a, Result<T>>,
+        mut f: impl FnMut(&'a dyn Backend) -> crate::spi::BoxFuture<'a, Result<T>>,
     ) -> Result<T> {
         let limit = self.backend.request_timeout();
         let scheme = self.backend.scheme();
@@ -270,7 +279,7 @@ impl ClientInner {
     /// timeout, tried once (a retry after a lost reply could apply it twice).
     pub(crate) async fn write<'a, T: Send + 'a>(
         &'a self,
-        f: crate::backend::BoxFuture<'a, Result<T>>,
+        f: crate::spi::BoxFuture<'a, Result<T>>,
     ) -> Result<T> {
         let limit = self.backend.request_timeout();
         crate::core::acquire::bounded(limit, self.backend.scheme(), f).await

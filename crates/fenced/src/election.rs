@@ -91,7 +91,13 @@ impl Election {
     /// (between a new leader's grant and its proclamation there is none).
     pub async fn leader(&self) -> Result<Option<Leader>> {
         let inner = &self.lock.client.inner;
-        if let Some(native) = inner.read(|b| b.leader(&self.lock.name)).await? {
+        if inner.backend.election().is_some() {
+            let native = inner
+                .read(|b| match b.election() {
+                    Some(e) => e.leader(&self.lock.name),
+                    None => Box::pin(async { Ok(None) }),
+                })
+                .await?;
             return Ok(native.map(|(value, token)| Leader { value, token }));
         }
         let status = self.lock.status().await?;
@@ -123,12 +129,13 @@ impl Leadership {
     pub async fn proclaim(&self, value: impl AsRef<[u8]>) -> Result<()> {
         let g = &self.guard;
         let c = g.client();
-        let native = c
-            .write(
-                c.backend
-                    .proclaim(g.hold_ref(), g.fencing_token(), value.as_ref()),
-            )
-            .await?;
+        let native = match c.backend.election() {
+            Some(e) => Some(
+                c.write(e.proclaim(g.hold_ref(), g.fencing_token(), value.as_ref()))
+                    .await?,
+            ),
+            None => None,
+        };
         let done = match native {
             None => self.value.write(g, value).await,
             Some(true) => Ok(()),

@@ -4,6 +4,7 @@ use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::Guard;
 use crate::name::LockName;
+use crate::spi::codec::parse_i64;
 
 /// A value stored in the lock backend that accepts a write only with a
 /// fencing token at least as high as the highest it has seen.
@@ -130,17 +131,4 @@ impl FencedRegister {
             .write(inner.backend.register_decrement(&self.name, by))
             .await
     }
-}
-
-pub(crate) fn parse_i64(name: &LockName, v: &[u8]) -> Result<i64> {
-    std::str::from_utf8(v)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .ok_or_else(|| {
-            Error::protocol(format!(
-                "register {:?} holds {:?}, not a decimal integer",
-                name.as_str(),
-                String::from_utf8_lossy(&v[..v.len().min(40)])
-            ))
-        })
 }

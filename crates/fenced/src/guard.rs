@@ -1,9 +1,10 @@
 //! Guards: proof of a hold, with its fencing token and lost signal.
 
-use crate::backend::Mode;
 use crate::client::ClientInner;
 use crate::core::hold::{Hold, LostReason};
 use crate::error::Result;
+use crate::spi::Mode;
+use crate::spi::Ownership;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -48,7 +49,7 @@ impl Guard {
         self.hold.mode
     }
 
-    pub(crate) fn hold_ref(&self) -> &crate::backend::HoldRef {
+    pub(crate) fn hold_ref(&self) -> &crate::spi::HoldRef {
         &self.hold.r
     }
 
@@ -153,14 +154,4 @@ impl fmt::Debug for Guard {
             .field("count", &self.hold.count())
             .finish()
     }
-}
-
-/// Where a backend records a hold (see [`Guard::ownership`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ownership {
-    /// The key (etcd) or node path (ZooKeeper) of the hold.
-    pub key: Vec<u8>,
-    /// Its create revision (etcd) or `czxid` (ZooKeeper): the hold's
-    /// fencing token.
-    pub revision: u64,
 }

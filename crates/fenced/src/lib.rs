@@ -71,11 +71,12 @@ mod name;
 mod options;
 mod owner;
 mod retry;
+pub(crate) mod spi;
 mod striped;
 mod url;
 mod versioned;
 
-pub use crate::backend::{HolderInfo, LockStatus, Mode};
+pub use crate::spi::types::{HolderInfo, LockStatus, Mode, Ownership};
 
 /// Counters for benchmarks and monitoring.
 pub mod metrics {
@@ -96,12 +97,13 @@ pub mod metrics {
         0
     }
 }
+pub use crate::backend::table::{BackendInfo, Capabilities, backend_for_scheme, backends};
 pub use crate::client::{BACKEND_ENV, Client};
 pub use crate::core::hold::LostReason;
 pub use crate::election::{Election, Leader, Leadership};
 pub use crate::error::{Error, ErrorKind, Result};
 pub use crate::fence::FencedRegister;
-pub use crate::guard::{Guard, Ownership};
+pub use crate::guard::Guard;
 pub use crate::lock::{Lock, RwLock};
 pub use crate::multi::{MultiGuard, MultiLock};
 pub use crate::name::{LockName, MAX_NAME_LEN};

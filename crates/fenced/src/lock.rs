@@ -1,7 +1,6 @@
 //! Lock handles: mutex, the two sides of a read-write lock, and semaphores
 //! are one type, [`Lock`], in different [`Mode`]s.
 
-use crate::backend::{LockStatus, Mode};
 use crate::client::Client;
 use crate::core::acquire::{self, Wait};
 use crate::error::{Error, ErrorKind, Result};
@@ -10,6 +9,7 @@ use crate::name::LockName;
 use crate::options::{Lease, LockOptions};
 use crate::owner::Owner;
 use crate::retry::RetryPolicy;
+use crate::spi::{LockStatus, Mode};
 use std::fmt;
 use std::time::Duration;
 use tokio::time::Instant;

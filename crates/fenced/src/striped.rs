@@ -4,6 +4,7 @@ use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::lock::Lock;
 use crate::name::{LockName, MAX_NAME_LEN};
+use crate::spi::codec::Fnv1a;
 use std::hash::{Hash, Hasher};
 
 /// The most segments a striped lock may have.
@@ -91,28 +92,4 @@ impl StripedLock {
 
 fn segment_name(name: &str, index: u32) -> String {
     format!("{name}:seg:{index}")
-}
-
-/// FNV-1a, written out because the standard hashers promise no stability
-/// across Rust releases and every process of a service must map a key to
-/// the same segment.
-pub(crate) struct Fnv1a(u64);
-
-impl Default for Fnv1a {
-    fn default() -> Self {
-        Fnv1a(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for Fnv1a {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
 }

@@ -1,116 +1,43 @@
 //! Backend URLs: the scheme picks the backend.
 
-use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::spi::Backend;
+use crate::spi::endpoints::redact;
+use crate::spi::wake::Wakeups;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Schemes fenced knows, with the cargo feature that builds each.
-const PLANNED: &[(&str, &str)] = &[
-    ("redis", "redis"),
-    ("rediss", "redis"),
-    ("redis+sentinel", "redis"),
-    ("redis+cluster", "redis"),
-    ("redlock", "redis"),
-    ("zk", "zookeeper"),
-    ("etcd", "etcd"),
-    ("postgres", "postgres"),
-    ("postgresql", "postgres"),
-    ("mysql", "mysql"),
-    ("mariadb", "mysql"),
-];
-
-pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
-    let Some((scheme, rest)) = url.split_once(':') else {
+/// Opens the backend a URL names, through the [backend table](crate::backends).
+pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
+    let Some((scheme, _)) = url.split_once(':') else {
         return Err(Error::invalid(format!(
             "backend URL {:?} has no scheme; try sqlite:///path/locks.db or memory://",
             redact(url)
         )));
     };
-    match scheme {
-        "memory" => {
-            let ns = rest.strip_prefix("//").unwrap_or(rest);
-            Ok(crate::backend::memory::MemoryBackend::open(ns)?)
-        }
-        #[cfg(feature = "sqlite")]
-        "sqlite" => {
-            let path = rest.strip_prefix("//").unwrap_or(rest);
-            Ok(crate::backend::sqlite::SqliteBackend::open(path).await?)
-        }
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
-            if scheme == "rediss" && !cfg!(feature = "tls") {
-                return Err(Error::invalid(
-                    "rediss:// needs TLS, which is not in this build of fenced (cargo feature `tls`)",
-                ));
-            }
-            crate::backend::redis::RedisBackend::open(url).await
-        }
-        #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => crate::backend::mysql::MySqlBackend::open(url).await,
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => crate::backend::postgres::PgBackend::open(url).await,
-        #[cfg(feature = "zookeeper")]
-        "zk" => crate::backend::zk::ZkBackend::open(url).await,
-        #[cfg(feature = "etcd")]
-        "etcd" => crate::backend::etcd::EtcdBackend::open(url).await,
-        #[cfg(feature = "redis")]
-        "redlock" => crate::backend::redis::redlock::RedLockBackend::open(url).await,
-        _ => {
-            let known: Vec<&str> = std::iter::once("memory")
-                .chain(cfg!(feature = "sqlite").then_some("sqlite"))
-                .chain(
-                    [
-                        "redis",
-                        "rediss",
-                        "redis+sentinel",
-                        "redis+cluster",
-                        "redlock",
-                    ]
-                    .into_iter()
-                    .filter(|_| cfg!(feature = "redis")),
-                )
-                .chain(
-                    ["postgres", "postgresql"]
-                        .into_iter()
-                        .filter(|_| cfg!(feature = "postgres")),
-                )
-                .chain(
-                    ["mysql", "mariadb"]
-                        .into_iter()
-                        .filter(|_| cfg!(feature = "mysql")),
-                )
-                .chain(cfg!(feature = "etcd").then_some("etcd"))
-                .chain(cfg!(feature = "zookeeper").then_some("zk"))
-                .collect();
-            match PLANNED
-                .iter()
-                .chain([("sqlite", "sqlite")].iter())
-                .find(|(s, _)| *s == scheme)
-            {
-                Some((_, feature)) => Err(Error::invalid(format!(
-                    "the {scheme}:// backend is not in this build of fenced (cargo feature \
-                     `{feature}`); this build has: {}",
-                    known.join(", ")
-                ))),
-                None => Err(Error::invalid(format!(
-                    "unknown backend URL scheme {scheme:?} in {:?}; this build has: {}",
-                    redact(url),
-                    known.join(", ")
-                ))),
-            }
-        }
-    }
-}
-
-/// The URL with any password replaced by `***`, for logs and errors.
-pub(crate) fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        _ => redact_userinfo(url),
+    let built = || {
+        let schemes: Vec<&str> = crate::backends()
+            .iter()
+            .filter(|b| b.is_built())
+            .flat_map(|b| b.schemes.iter().copied())
+            .collect();
+        schemes.join(", ")
+    };
+    match crate::backend_for_scheme(scheme) {
+        Some(b) => match b.opener() {
+            Some(open) => open(url.to_owned(), wakeups).await,
+            None => Err(Error::invalid(format!(
+                "the {scheme}:// backend is not in this build of fenced (cargo feature `{}`); \
+                 this build has: {}",
+                b.feature.unwrap_or(b.name),
+                built()
+            ))),
+        },
+        None => Err(Error::invalid(format!(
+            "unknown backend URL scheme {scheme:?} in {:?}; this build has: {}",
+            redact(url),
+            built()
+        ))),
     }
 }
 
@@ -140,254 +67,4 @@ pub(crate) fn default_url() -> Result<String> {
         })?;
     }
     Ok(format!("sqlite://{}", path.display()))
-}
-
-/// A URL with one or more `host:port` pairs (`redis+cluster://h1:p1,h2:p2`,
-/// `zk://h1,h2/chroot`), which `url::Url` does not parse. Written by hand
-/// for that reason; user info and query are decoded with the `url` crate's
-/// helpers.
-#[cfg_attr(
-    not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
-    allow(dead_code)
-)]
-pub(crate) struct Endpoints {
-    pub(crate) scheme: String,
-    /// The user info exactly as written (still percent-encoded).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) userinfo: Option<String>,
-    pub(crate) user: Option<String>,
-    pub(crate) password: Option<String>,
-    pub(crate) hosts: Vec<(String, u16)>,
-    /// The path after the hosts, without the leading `/`.
-    pub(crate) path: String,
-    query: Vec<(String, String)>,
-    redacted: String,
-}
-
-#[cfg_attr(
-    not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
-    allow(dead_code)
-)]
-impl Endpoints {
-    pub(crate) fn parse(url: &str, default_port: u16) -> Result<Endpoints> {
-        let redacted = redact_userinfo(url);
-        let bad = |what: String| Error::invalid(format!("{what} in backend URL {redacted:?}"));
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("no `scheme://`".into()))?;
-        let (rest, query) = match rest.split_once('?') {
-            Some((r, q)) => (r, q),
-            None => (rest, ""),
-        };
-        let (authority, path) = match rest.split_once('/') {
-            Some((a, p)) => (a, p),
-            None => (rest, ""),
-        };
-        let (userinfo, hostlist) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let decode = |s: &str| {
-            percent_encoding::percent_decode_str(s)
-                .decode_utf8()
-                .map(|c| c.into_owned())
-                .map_err(|_| bad("user info that is not UTF-8".into()))
-        };
-        let (user, password) = match userinfo {
-            None => (None, None),
-            Some(u) => match u.split_once(':') {
-                Some((n, p)) => (Some(decode(n)?).filter(|n| !n.is_empty()), Some(decode(p)?)),
-                None => (Some(decode(u)?).filter(|n| !n.is_empty()), None),
-            },
-        };
-        let mut hosts = Vec::new();
-        for h in hostlist.split(',') {
-            if h.is_empty() {
-                return Err(bad("an empty host".into()));
-            }
-            let (host, port) = if let Some(v6) = h.strip_prefix('[') {
-                let (host, after) = v6
-                    .split_once(']')
-                    .ok_or_else(|| bad(format!("an unclosed `[` in host {h:?}")))?;
-                (host, after.strip_prefix(':'))
-            } else {
-                match h.rsplit_once(':') {
-                    Some((host, port)) => (host, Some(port)),
-                    None => (h, None),
-                }
-            };
-            if host.is_empty() {
-                return Err(bad(format!("no host name in {h:?}")));
-            }
-            let port =
-                match port {
-                    None => default_port,
-                    Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                        bad(format!("port {p:?} is not a number from 1 to 65535"))
-                    })?,
-                };
-            hosts.push((host.to_owned(), port));
-        }
-        Ok(Endpoints {
-            scheme: scheme.to_owned(),
-            userinfo: userinfo.map(str::to_owned),
-            user,
-            password,
-            hosts,
-            path: path.to_owned(),
-            query: url::form_urlencoded::parse(query.as_bytes())
-                .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                .collect(),
-            redacted,
-        })
-    }
-
-    /// The URL with its password hidden, for messages.
-    pub(crate) fn redacted(&self) -> &str {
-        &self.redacted
-    }
-
-    /// `host:port` of host `i`, with brackets for IPv6.
-    pub(crate) fn addr(&self, i: usize) -> String {
-        let (h, p) = &self.hosts[i];
-        if h.contains(':') {
-            format!("[{h}]:{p}")
-        } else {
-            format!("{h}:{p}")
-        }
-    }
-
-    /// The query parameters nobody took yet, encoded for a URL.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn rest_query(&self) -> String {
-        url::form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(&self.query)
-            .finish()
-    }
-
-    /// Removes and returns every value of query parameter `key`.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn take_all(&mut self, key: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        while let Some(v) = self.take(key) {
-            out.push(v);
-        }
-        out
-    }
-
-    /// Removes and returns query parameter `key`.
-    pub(crate) fn take(&mut self, key: &str) -> Option<String> {
-        let i = self.query.iter().position(|(k, _)| k == key)?;
-        Some(self.query.remove(i).1)
-    }
-
-    /// Takes `key` as a duration (`250ms`, `2s`, `1m`, or bare milliseconds).
-    pub(crate) fn take_duration(&mut self, key: &str) -> Result<Option<std::time::Duration>> {
-        let Some(v) = self.take(key) else {
-            return Ok(None);
-        };
-        parse_duration(&v).map(Some).ok_or_else(|| {
-            Error::invalid(format!(
-                "{key}={v:?} in backend URL {:?} is not a duration like 500ms, 2s or 1m",
-                self.redacted
-            ))
-        })
-    }
-
-    /// Takes `timeout=` (how long one request may take): a positive
-    /// duration, [`DEFAULT_TIMEOUT`](crate::backend::DEFAULT_TIMEOUT) when
-    /// absent.
-    #[cfg_attr(
-        not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
-        allow(dead_code)
-    )]
-    pub(crate) fn take_timeout(&mut self) -> Result<std::time::Duration> {
-        match self.take("timeout") {
-            None => Ok(crate::backend::DEFAULT_TIMEOUT),
-            Some(v) => parse_timeout(&v, &self.redacted),
-        }
-    }
-
-    /// Takes `key` as a number.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn take_number<T: std::str::FromStr>(&mut self, key: &str) -> Result<Option<T>> {
-        let Some(v) = self.take(key) else {
-            return Ok(None);
-        };
-        v.parse().map(Some).map_err(|_| {
-            Error::invalid(format!(
-                "{key}={v:?} in backend URL {:?} is not a valid number",
-                self.redacted
-            ))
-        })
-    }
-
-    /// Fails on query parameters nobody took, naming the known ones.
-    pub(crate) fn finish(&self, known: &[&str]) -> Result<()> {
-        match self.query.first() {
-            None => Ok(()),
-            Some((k, _)) => Err(Error::invalid(format!(
-                "unknown parameter {k:?} in backend URL {:?}; {} URLs take: {}",
-                self.redacted,
-                self.scheme,
-                known.join(", ")
-            ))),
-        }
-    }
-}
-
-/// The `timeout=` of a URL (`label` names it in the error): a positive
-/// duration.
-#[cfg_attr(
-    not(any(
-        feature = "postgres",
-        feature = "mysql",
-        feature = "redis",
-        feature = "etcd",
-        feature = "zookeeper"
-    )),
-    allow(dead_code)
-)]
-pub(crate) fn parse_timeout(v: &str, label: &str) -> Result<std::time::Duration> {
-    // An hour at most: a request timeout is multiplied and added to
-    // instants, which must not overflow.
-    const MAX: std::time::Duration = std::time::Duration::from_secs(3600);
-    parse_duration(v)
-        .filter(|t| !t.is_zero() && *t <= MAX)
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "timeout={v:?} in {label:?}: a positive duration up to 1h, like 500ms or 5s"
-            ))
-        })
-}
-
-/// `250ms`, `2s`, `1m`, `1h` or bare milliseconds.
-pub(crate) fn parse_duration(v: &str) -> Option<std::time::Duration> {
-    use std::time::Duration;
-    let v = v.trim();
-    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (n, unit) = v.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    match unit {
-        "" | "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
-        "h" => Some(Duration::from_secs(n.checked_mul(3600)?)),
-        _ => None,
-    }
-}
-
-/// Hides the password of a URL that `url::Url` may not parse (several hosts).
-fn redact_userinfo(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..end].rsplit_once('@') {
-        Some((user, _)) if user.contains(':') => {
-            let name = user.split(':').next().unwrap_or("");
-            format!("{scheme}://{name}:***@{}", &rest[user.len() + 1..])
-        }
-        _ => url.to_owned(),
-    }
 }

@@ -106,16 +106,17 @@ impl Family {
     pub fn of(url: &str) -> Option<Family> {
         let scheme = url.split("://").next().unwrap_or("");
         let advisory = url.contains("mode=advisory");
-        Some(match scheme {
+        // By the backend table's name, so every scheme of a backend maps.
+        Some(match fenced::backend_for_scheme(scheme)?.name {
             "sqlite" => Family::Sqlite,
-            "redis" | "rediss" => Family::Redis,
-            "redis+sentinel" | "rediss+sentinel" => Family::Sentinel,
-            "redis+cluster" | "rediss+cluster" => Family::Cluster,
+            "redis" => Family::Redis,
+            "redis+sentinel" => Family::Sentinel,
+            "redis+cluster" => Family::Cluster,
             "redlock" => Family::RedLock,
             "zk" => Family::ZooKeeper,
-            "etcd" | "etcds" => Family::Etcd,
-            "postgres" | "postgresql" | "mysql" | "mariadb" if advisory => Family::SqlAdvisory,
-            "postgres" | "postgresql" | "mysql" | "mariadb" => Family::SqlLease,
+            "etcd" => Family::Etcd,
+            "postgres" | "mysql" if advisory => Family::SqlAdvisory,
+            "postgres" | "mysql" => Family::SqlLease,
             _ => return None,
         })
     }

@@ -44,16 +44,18 @@
 //! dies frees its holds when its session lease ends.
 
 use super::queue::{Wait, decode_register, grants, register_cas, waits_for};
-use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, NativeLeader,
-    Outcome, RegisterValue, Renewal, Ticket, arm_lease_once, lock,
-};
-use crate::core::hold::{SessionClock, believed_until};
-use crate::core::machine::permits_differ;
-use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::url::Endpoints;
+use crate::spi::endpoints::Endpoints;
+use crate::spi::grant::permits_differ;
+use crate::spi::lease::arm_lease_once;
+use crate::spi::lease::{SessionClock, believed_until};
+use crate::spi::sync::unpoisoned;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, ElectionLayout, HoldRef, HolderInfo, LockBackend,
+    LockStatus, Mode, Outcome, RegisterValue, Renewal, Store, Ticket,
+};
 use etcd_client::{
     Client as Etcd, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,
     PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
@@ -120,7 +122,7 @@ struct OwnKey {
 
 impl Drop for OwnKey {
     fn drop(&mut self) {
-        if let Some(w) = lock(&self.watcher).take() {
+        if let Some(w) = unpoisoned(&self.watcher).take() {
             w.abort();
         }
     }
@@ -170,7 +172,7 @@ impl Drop for EtcdBackend {
 }
 
 impl EtcdBackend {
-    pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
+    pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
         let mut ep = Endpoints::parse(url, DEFAULT_PORT)?;
         let label = ep.redacted().to_owned();
         let ttl = ep.take_duration("lease_ttl")?.unwrap_or(DEFAULT_TTL);
@@ -215,7 +217,7 @@ impl EtcdBackend {
             label,
             identity: format!("etcd://{}", hosts.join(",")),
             timeout,
-            wakeups: Arc::new(Wakeups::default()),
+            wakeups,
             session: Session {
                 lease: AtomicI64::new(first.id()),
                 ttl: first.ttl().max(ttl_s),
@@ -470,14 +472,14 @@ impl Inner {
 
     /// This client's key for an attempt, made on its first try.
     fn own_key(&self, req: &Attempt, prefix: &[u8], lease: i64) -> Arc<OwnKey> {
-        let mut keys = lock(&self.keys);
+        let mut keys = unpoisoned(&self.keys);
         if let Some(k) = keys.get(&req.hold_id)
             && k.lease == lease
         {
             return k.clone();
         }
         let base = format!("{}{lease:x}", String::from_utf8_lossy(prefix));
-        let ghosts = lock(&self.ghosts);
+        let ghosts = unpoisoned(&self.ghosts);
         let taken =
             |k: &str| keys.values().any(|o| o.key == k.as_bytes()) || ghosts.contains(k.as_bytes());
         let key = if taken(&base) {
@@ -511,7 +513,7 @@ impl Inner {
     }
 
     fn owner_of(&self, key: &[u8]) -> Option<String> {
-        lock(&self.keys)
+        unpoisoned(&self.keys)
             .values()
             .find(|o| o.key == key)
             .map(|o| o.owner.clone())
@@ -562,7 +564,7 @@ impl Inner {
         let Some(me) = kvs.iter().position(|kv| kv.key() == own.key.as_slice()) else {
             // Our key is gone (our session ended while we waited, or it
             // was force-deleted): never act on a queue we are not in.
-            lock(&self.keys).remove(&req.hold_id);
+            unpoisoned(&self.keys).remove(&req.hold_id);
             if created {
                 return Err(Error::protocol(format!(
                     "etcd at {}: a key we just created is missing from its prefix",
@@ -582,7 +584,7 @@ impl Inner {
         });
         match wait {
             Wait::Granted => {
-                if let Some(w) = lock(&own.watcher).take() {
+                if let Some(w) = unpoisoned(&own.watcher).take() {
                     w.abort();
                 }
                 let (me, id) = (self.clone(), req.hold_id.clone());
@@ -638,7 +640,7 @@ impl Inner {
                     }
                     wakeups.bump(name.as_str());
                 });
-                if let Some(old) = lock(&own.watcher).replace(task) {
+                if let Some(old) = unpoisoned(&own.watcher).replace(task) {
                     old.abort();
                 }
                 Ok(Outcome::Busy(Blocked {
@@ -652,11 +654,11 @@ impl Inner {
     /// Deletes the key of `hold_id` (hold or place) and forgets it; whether
     /// the key was still there. On an error the key is kept, to try again.
     async fn end(&self, hold_id: &str) -> Result<bool> {
-        let Some(own) = lock(&self.keys).get(hold_id).cloned() else {
+        let Some(own) = unpoisoned(&self.keys).get(hold_id).cloned() else {
             return Ok(false);
         };
         let rev = own.rev.load(Ordering::Acquire);
-        let granted = lock(&own.deadline).is_some();
+        let granted = unpoisoned(&own.deadline).is_some();
         let mut ops = vec![TxnOp::delete(own.key.clone(), None)];
         if granted {
             ops.push(record_token(&own.name, rev));
@@ -677,8 +679,8 @@ impl Inner {
         if rev == 0 && !done {
             self.haunt(own.key.clone());
         }
-        lock(&self.keys).remove(hold_id);
-        if let Some(d) = lock(&own.deadline).take() {
+        unpoisoned(&self.keys).remove(hold_id);
+        if let Some(d) = unpoisoned(&own.deadline).take() {
             d.send_replace(Instant::now());
         }
         self.wakeups.bump(own.name.as_str());
@@ -692,7 +694,7 @@ impl Inner {
     /// after 1, 3, 9 and 27 request timeouts and deleted if there; the
     /// name is not reused meanwhile, so what is found is the ghost.
     fn haunt(&self, key: Vec<u8>) {
-        lock(&self.ghosts).insert(key.clone());
+        unpoisoned(&self.ghosts).insert(key.clone());
         let (ghosts, mut etcd, timeout) = (self.ghosts.clone(), self.etcd.clone(), self.timeout);
         tokio::spawn(async move {
             let mut wait = timeout;
@@ -709,7 +711,7 @@ impl Inner {
                 }
                 wait *= 3;
             }
-            lock(&ghosts).remove(&key);
+            unpoisoned(&ghosts).remove(&key);
         });
     }
 
@@ -723,13 +725,9 @@ impl Inner {
     }
 }
 
-impl Backend for EtcdBackend {
+impl LockBackend for EtcdBackend {
     fn scheme(&self) -> &'static str {
         "etcd"
-    }
-
-    fn wakeups(&self) -> &Arc<Wakeups> {
-        &self.inner.wakeups
     }
 
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
@@ -740,7 +738,7 @@ impl Backend for EtcdBackend {
         Box::pin(async move {
             let live = self.inner.session.lease.load(Ordering::Acquire);
             let checks = refs.iter().map(|r| async move {
-                let Some(own) = lock(&self.inner.keys).get(&r.hold_id).cloned() else {
+                let Some(own) = unpoisoned(&self.inner.keys).get(&r.hold_id).cloned() else {
                     return Renewal::Gone;
                 };
                 if own.lease != live {
@@ -759,7 +757,7 @@ impl Backend for EtcdBackend {
                     .kvs()
                     .first()
                     .is_some_and(|kv| kv.create_revision() == rev);
-                if here && let Some(d) = lock(&own.deadline).as_ref() {
+                if here && let Some(d) = unpoisoned(&own.deadline).as_ref() {
                     d.send_replace(Instant::now() + r.lease);
                 }
                 Renewal::from(here)
@@ -828,11 +826,11 @@ impl Backend for EtcdBackend {
                 }
                 let token = kv.create_revision() as u64;
                 last_token = last_token.max(token);
-                let lease_left = lock(&inner.keys)
+                let lease_left = unpoisoned(&inner.keys)
                     .values()
                     .find(|o| o.key == kv.key())
                     .and_then(|o| {
-                        lock(&o.deadline)
+                        unpoisoned(&o.deadline)
                             .as_ref()
                             .map(|d| d.borrow().saturating_duration_since(Instant::now()))
                     })
@@ -893,68 +891,31 @@ impl Backend for EtcdBackend {
         })
     }
 
-    fn ownership(&self, hold: &HoldRef) -> Option<crate::guard::Ownership> {
-        let own = lock(&self.inner.keys).get(&hold.hold_id).cloned()?;
-        Some(crate::guard::Ownership {
+    fn ownership(&self, hold: &HoldRef) -> Option<crate::spi::Ownership> {
+        let own = unpoisoned(&self.inner.keys).get(&hold.hold_id).cloned()?;
+        Some(crate::spi::Ownership {
             key: own.key.clone(),
             revision: own.rev.load(Ordering::Acquire) as u64,
         })
     }
 
-    fn proclaim<'a>(
-        &'a self,
-        hold: &'a HoldRef,
-        token: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<Option<bool>>> {
+    fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            let inner = &self.inner;
-            let Some(own) = lock(&inner.keys).get(&hold.hold_id).cloned() else {
-                return Ok(Some(false));
-            };
-            // concurrency.Election's proclaim: the leader's own key, while
-            // its create revision is still the leadership's.
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    own.key.clone(),
-                    CompareOp::Equal,
-                    token as i64,
-                )])
-                .and_then([TxnOp::put(
-                    own.key.clone(),
-                    value.to_vec(),
-                    Some(PutOptions::new().with_lease(own.lease)),
-                )]);
-            let mut etcd = inner.etcd.clone();
-            let r = etcd.txn(txn).await.map_err(|e| inner.err(e))?;
-            Ok(Some(r.succeeded()))
+            self.keeper.abort();
+            let ids: Vec<String> = unpoisoned(&self.inner.keys).keys().cloned().collect();
+            for id in ids {
+                let _ = self.inner.end(&id).await;
+            }
+            let lease = self.inner.session.lease.swap(0, Ordering::AcqRel);
+            if lease != 0 {
+                let mut etcd = self.inner.etcd.clone();
+                let _ = etcd.lease_revoke(lease).await;
+            }
         })
     }
+}
 
-    fn leader<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<NativeLeader>> {
-        Box::pin(async move {
-            let inner = &self.inner;
-            let mut etcd = inner.etcd.clone();
-            let prefix = prefix_of(name)?;
-            // No limit: a nested lock's keys may come first, and are not this one's.
-            let got = etcd
-                .get(
-                    prefix.clone(),
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_sort(SortTarget::Create, SortOrder::Ascend),
-                    ),
-                )
-                .await
-                .map_err(|e| inner.err(e))?;
-            let kvs = own_level(&prefix, got.kvs().to_vec());
-            Ok(Some(kvs.first().map(|kv| {
-                (kv.value().to_vec(), kv.create_revision() as u64)
-            })))
-        })
-    }
-
+impl Store for EtcdBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         Box::pin(async move { Ok(self.inner.register_get(name).await?.map(|(v, f, _)| (v, f))) })
     }
@@ -986,7 +947,10 @@ impl Backend for EtcdBackend {
             if seen != expected {
                 return Ok(None);
             }
-            Ok(Some((value.to_vec(), super::next_version(name, expected)?)))
+            Ok(Some((
+                value.to_vec(),
+                crate::spi::codec::next_version(name, expected)?,
+            )))
         }))
     }
 
@@ -1001,7 +965,7 @@ impl Backend for EtcdBackend {
                 .inner
                 .register_change(name, |old| {
                     let Some((v, f)) = old else { return Ok(None) };
-                    let n = crate::fence::parse_i64(name, v)?;
+                    let n = crate::spi::codec::parse_i64(name, v)?;
                     if n < by {
                         after = None;
                         return Ok(None);
@@ -1013,20 +977,67 @@ impl Backend for EtcdBackend {
             Ok(if changed { after } else { None })
         })
     }
+}
 
-    fn close(&self) -> BoxFuture<'_, ()> {
+impl ElectionLayout for EtcdBackend {
+    fn proclaim<'a>(
+        &'a self,
+        hold: &'a HoldRef,
+        token: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
-            self.keeper.abort();
-            let ids: Vec<String> = lock(&self.inner.keys).keys().cloned().collect();
-            for id in ids {
-                let _ = self.inner.end(&id).await;
-            }
-            let lease = self.inner.session.lease.swap(0, Ordering::AcqRel);
-            if lease != 0 {
-                let mut etcd = self.inner.etcd.clone();
-                let _ = etcd.lease_revoke(lease).await;
-            }
+            let inner = &self.inner;
+            let Some(own) = unpoisoned(&inner.keys).get(&hold.hold_id).cloned() else {
+                return Ok(false);
+            };
+            // concurrency.Election's proclaim: the leader's own key, while
+            // its create revision is still the leadership's.
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    own.key.clone(),
+                    CompareOp::Equal,
+                    token as i64,
+                )])
+                .and_then([TxnOp::put(
+                    own.key.clone(),
+                    value.to_vec(),
+                    Some(PutOptions::new().with_lease(own.lease)),
+                )]);
+            let mut etcd = inner.etcd.clone();
+            let r = etcd.txn(txn).await.map_err(|e| inner.err(e))?;
+            Ok(r.succeeded())
         })
+    }
+
+    fn leader<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<crate::spi::LeaderValue>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let mut etcd = inner.etcd.clone();
+            let prefix = prefix_of(name)?;
+            // No limit: a nested lock's keys may come first, and are not this one's.
+            let got = etcd
+                .get(
+                    prefix.clone(),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend),
+                    ),
+                )
+                .await
+                .map_err(|e| inner.err(e))?;
+            let kvs = own_level(&prefix, got.kvs().to_vec());
+            Ok(kvs
+                .first()
+                .map(|kv| (kv.value().to_vec(), kv.create_revision() as u64)))
+        })
+    }
+}
+
+impl Backend for EtcdBackend {
+    fn election(&self) -> Option<&dyn ElectionLayout> {
+        Some(self)
     }
 }
 

@@ -4,32 +4,34 @@
 //! connects to the same namespace shares one store, so two clients in one
 //! process contend as two processes would. The store lives as long as the
 //! process; tokens still follow the wall-clock floor of
-//! [`next_token`](crate::core::machine::next_token), so a register kept
+//! [`next_token`](crate::spi::grant::next_token), so a register kept
 //! outside the process sees them rise across restarts too.
 //!
 //! Guarantee: exact, with expiry by this process's monotonic clock.
 
-use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Renewal, Ticket,
-};
-use crate::core::acquire::QUEUE_TTL;
-use crate::core::machine::{Held, grantable, next_token, permits_differ};
-use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
-use crate::fence::parse_i64;
 use crate::name::LockName;
+use crate::spi::codec::parse_i64;
+use crate::spi::grant::{Held, grantable, next_token, permits_differ};
+use crate::spi::lease::QUEUE_TTL;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Store, Ticket,
+};
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use tokio::time::Instant;
 
-static STORES: LazyLock<Mutex<HashMap<String, Arc<Store>>>> = LazyLock::new(Default::default);
+static SPACES: LazyLock<Mutex<HashMap<String, Arc<Space>>>> = LazyLock::new(Default::default);
 
+/// One namespace: its locks, registers, and the wake-ups of every client
+/// connected to it.
 #[derive(Default)]
-struct Store {
+struct Space {
     locks: Mutex<Locks>,
     registers: Mutex<HashMap<LockName, (Vec<u8>, u64)>>,
-    wakeups: Arc<Wakeups>,
+    clients: Mutex<Vec<std::sync::Weak<Wakeups>>>,
     next_ticket: Mutex<Ticket>,
 }
 
@@ -80,6 +82,21 @@ struct MemHold {
     expires: Instant,
 }
 
+impl Space {
+    /// Wakes the waiters of `name` in every client of this namespace,
+    /// forgetting clients that are gone.
+    fn wake(&self, name: &str) {
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        clients.retain(|w| match w.upgrade() {
+            Some(w) => {
+                w.bump(name);
+                true
+            }
+            None => false,
+        });
+    }
+}
+
 impl Resource {
     /// Drops expired holds and queue places; true if any hold went.
     fn purge(&mut self, now: Instant) -> bool {
@@ -91,19 +108,24 @@ impl Resource {
 }
 
 pub(crate) struct MemoryBackend {
-    store: Arc<Store>,
+    store: Arc<Space>,
     namespace: String,
 }
 
 impl MemoryBackend {
-    pub(crate) fn open(namespace: &str) -> Result<Arc<dyn Backend>> {
+    pub(crate) fn open(namespace: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
         if namespace.chars().any(char::is_control) || namespace.len() > 256 {
             return Err(Error::invalid(format!(
                 "memory namespace {namespace:?} must be at most 256 bytes with no control characters"
             )));
         }
-        let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
-        let store = stores.entry(namespace.to_owned()).or_default().clone();
+        let mut spaces = SPACES.lock().unwrap_or_else(|e| e.into_inner());
+        let store = spaces.entry(namespace.to_owned()).or_default().clone();
+        store
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(&wakeups));
         Ok(Arc::new(MemoryBackend {
             store,
             namespace: namespace.to_owned(),
@@ -193,7 +215,7 @@ impl MemoryBackend {
         locks.tidy(&req.name);
         drop(locks);
         if changed {
-            self.store.wakeups.bump(req.name.as_str());
+            self.store.wake(req.name.as_str());
         }
         outcome
     }
@@ -211,18 +233,14 @@ impl MemoryBackend {
         res.purge(now);
         locks.tidy(name);
         drop(locks);
-        self.store.wakeups.bump(name.as_str());
+        self.store.wake(name.as_str());
         h.expires > now
     }
 }
 
-impl Backend for MemoryBackend {
+impl LockBackend for MemoryBackend {
     fn scheme(&self) -> &'static str {
         "memory"
-    }
-
-    fn wakeups(&self) -> &Arc<Wakeups> {
-        &self.store.wakeups
     }
 
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
@@ -271,7 +289,7 @@ impl Backend for MemoryBackend {
                 locks.tidy(name);
             }
             self.remove_hold(name, hold_id);
-            self.store.wakeups.bump(name.as_str());
+            self.store.wake(name.as_str());
             Ok(())
         })
     }
@@ -315,11 +333,13 @@ impl Backend for MemoryBackend {
                 .unwrap_or(0);
             locks.tidy(name);
             drop(locks);
-            self.store.wakeups.bump(name.as_str());
+            self.store.wake(name.as_str());
             Ok(n)
         })
     }
+}
 
+impl Store for MemoryBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         Box::pin(async move { Ok(self.registers().get(name).cloned()) })
     }
@@ -359,7 +379,10 @@ impl Backend for MemoryBackend {
             if entry.1 != expected {
                 return Ok(false);
             }
-            *entry = (value.to_vec(), super::next_version(name, expected)?);
+            *entry = (
+                value.to_vec(),
+                crate::spi::codec::next_version(name, expected)?,
+            );
             Ok(true)
         })
     }
@@ -384,6 +407,8 @@ impl Backend for MemoryBackend {
     }
 }
 
+impl Backend for MemoryBackend {}
+
 #[cfg(test)]
 mod tests {
     use crate::Client;
@@ -400,7 +425,7 @@ mod tests {
             last = last.max(g.fencing_token());
             assert!(g.release().await.unwrap());
         }
-        let store = super::STORES.lock().unwrap().get(&ns).unwrap().clone();
+        let store = super::SPACES.lock().unwrap().get(&ns).unwrap().clone();
         assert_eq!(
             store.locks.lock().unwrap().names.len(),
             0,

@@ -35,15 +35,15 @@
 //! `fenced_doorbell:<its connection id>` for as long as it lives, and a
 //! releaser rings only ids whose lock is held by that very connection.
 
-use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Renewal, Ticket,
-};
-use crate::core::acquire::QUEUE_TTL;
-use crate::core::machine::{Held, grantable, permits_differ};
-use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use crate::spi::grant::{Held, grantable, permits_differ};
+use crate::spi::lease::QUEUE_TTL;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Store, Ticket,
+};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{Connection, MySqlConnection, Row};
 use std::str::FromStr;
@@ -198,8 +198,14 @@ fn ms(d: Duration) -> i64 {
 }
 
 impl MySqlBackend {
-    pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
-        let label = crate::url::redact(url);
+    /// Where this backend's waiters are woken (shared with the advisory
+    /// backend built on it).
+    pub(crate) fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.wakeups
+    }
+
+    pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
+        let label = crate::spi::endpoints::redact(url);
         let mut parsed = url::Url::parse(url)
             .map_err(|e| Error::invalid(format!("bad MySQL URL {label:?}: {e}")))?;
         if parsed.scheme() == "mariadb" {
@@ -207,11 +213,11 @@ impl MySqlBackend {
         }
         let mut pool_size: u32 = 8;
         let mut advisory = false;
-        let mut timeout = super::DEFAULT_TIMEOUT;
+        let mut timeout = crate::spi::DEFAULT_TIMEOUT;
         let mut kept = Vec::new();
         for (k, v) in parsed.query_pairs() {
             match k.as_ref() {
-                "timeout" => timeout = crate::url::parse_timeout(&v, &label)?,
+                "timeout" => timeout = crate::spi::endpoints::parse_timeout(&v, &label)?,
                 "pool" => {
                     pool_size = v
                         .parse()
@@ -244,7 +250,8 @@ impl MySqlBackend {
         }
         let opts = MySqlConnectOptions::from_str(parsed.as_str())
             .map_err(|e| Error::invalid(format!("bad MySQL URL {label:?}: {e}")).with_source(e))?;
-        let table = Self::connect(label, opts.clone(), pool_size, !advisory, timeout).await?;
+        let table =
+            Self::connect(label, opts.clone(), pool_size, !advisory, timeout, wakeups).await?;
         if advisory {
             return super::mysql_advisory::MySqlAdvisory::open(Arc::new(table), opts).await;
         }
@@ -259,6 +266,7 @@ impl MySqlBackend {
         pool_size: u32,
         doorbell: bool,
         timeout: Duration,
+        wakeups: Arc<Wakeups>,
     ) -> Result<MySqlBackend> {
         let identity = format!(
             "mysql://{}:{}/{}",
@@ -342,7 +350,6 @@ impl MySqlBackend {
                 );
             }
         }
-        let wakeups = Arc::new(Wakeups::default());
         let bell = Arc::new(AtomicI64::new(0));
         let doorbell = if doorbell {
             // The doorbell sleeps by design: no slow-statement warnings for it.
@@ -777,13 +784,9 @@ fn db(label: &str, e: sqlx::Error) -> Error {
     }
 }
 
-impl Backend for MySqlBackend {
+impl LockBackend for MySqlBackend {
     fn scheme(&self) -> &'static str {
         "mysql"
-    }
-
-    fn wakeups(&self) -> &Arc<Wakeups> {
-        &self.wakeups
     }
 
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
@@ -949,6 +952,17 @@ impl Backend for MySqlBackend {
         })
     }
 
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(d) = &self.doorbell {
+                d.abort();
+            }
+            self.pool.close().await;
+        })
+    }
+}
+
+impl Store for MySqlBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         Box::pin(async move {
             let row = sqlx::query(REGISTER_READ)
@@ -973,7 +987,7 @@ impl Backend for MySqlBackend {
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
-            let fence = fence.map(super::fence_i64).transpose()?;
+            let fence = fence.map(crate::spi::codec::fence_i64).transpose()?;
             let mut tx = self.pool.begin().await.map_err(|e| self.db(e))?;
             let row = sqlx::query(REGISTER_LOCK)
                 .bind(name.as_str())
@@ -1009,8 +1023,8 @@ impl Backend for MySqlBackend {
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
             // The version after it must fit the column too.
-            super::fence_i64(super::next_version(name, expected)?)?;
-            let expected = super::fence_i64(expected)?;
+            crate::spi::codec::fence_i64(crate::spi::codec::next_version(name, expected)?)?;
+            let expected = crate::spi::codec::fence_i64(expected)?;
             // The fence always changes, so a matched row is an affected row.
             let r = sqlx::query(REGISTER_SWAP)
                 .bind(value)
@@ -1050,7 +1064,7 @@ impl Backend for MySqlBackend {
             };
             let v: Vec<u8> = row.try_get("value").map_err(|e| self.db(e))?;
             let f: i64 = row.try_get("fence").map_err(|e| self.db(e))?;
-            let n = crate::fence::parse_i64(name, &v)?;
+            let n = crate::spi::codec::parse_i64(name, &v)?;
             if n < by {
                 return Ok(None);
             }
@@ -1065,13 +1079,6 @@ impl Backend for MySqlBackend {
             Ok(Some(n - by))
         })
     }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            if let Some(d) = &self.doorbell {
-                d.abort();
-            }
-            self.pool.close().await;
-        })
-    }
 }
+
+impl Backend for MySqlBackend {}

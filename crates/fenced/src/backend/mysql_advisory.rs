@@ -38,16 +38,18 @@
 //! Sessions are reused: a session whose `RELEASE_LOCK` confirmed the
 //! release goes back to a small idle stack instead of being closed.
 
+use super::IdleSessions;
 use super::mysql::MySqlBackend;
-use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, IdleSessions, LockStatus, Mode,
-    Outcome, RegisterValue, Renewal, Ticket, lease_runs_out, lock,
-};
-use crate::core::acquire::QUEUE_TTL;
-use crate::core::hold::believed_until;
-use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use crate::spi::lease::QUEUE_TTL;
+use crate::spi::lease::believed_until;
+use crate::spi::lease::lease_runs_out;
+use crate::spi::sync::unpoisoned;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Store, Ticket,
+};
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Connection, MySqlConnection, Row};
 use std::collections::HashMap;
@@ -71,7 +73,7 @@ pub(crate) fn key(name: &str) -> String {
     if name.chars().count() <= 64 {
         return name.to_owned();
     }
-    let mut h = crate::striped::Fnv1a::default();
+    let mut h = crate::spi::codec::Fnv1a::default();
     h.write(name.as_bytes());
     let mut k: String = name.chars().take(47).collect();
     let _ = write!(k, "#{:016x}", h.finish());
@@ -210,10 +212,10 @@ impl Shared {
         }
         let key = key(req.name.as_str());
         if let Some(t) = req.ticket {
-            let prober = lock(&self.probers).get(&t).cloned();
+            let prober = unpoisoned(&self.probers).get(&t).cloned();
             if let Some(p) = prober {
                 let won = {
-                    let mut st = lock(&p.state);
+                    let mut st = unpoisoned(&p.state);
                     match &*st {
                         Probe::Waiting => {
                             return Ok(Outcome::Busy(Blocked {
@@ -228,7 +230,7 @@ impl Shared {
                         Probe::Over => None,
                     }
                 };
-                lock(&self.probers).remove(&t);
+                unpoisoned(&self.probers).remove(&t);
                 if let Some(mut s) = won {
                     // The session may have waited in the server for longer
                     // than its idle timeout: count its life from a statement
@@ -301,7 +303,7 @@ impl Shared {
             alive: watch::Sender::new(believed_until(sent, self.idle_timeout)),
         });
         let bound = hold.alive.subscribe();
-        lock(&self.holds).insert(req.hold_id.clone(), hold.clone());
+        unpoisoned(&self.holds).insert(req.hold_id.clone(), hold.clone());
         let me = self.clone();
         let id = req.hold_id.clone();
         tokio::spawn(async move {
@@ -356,7 +358,7 @@ impl Shared {
             state: Mutex::new(Probe::Waiting),
             task: Mutex::new(None),
         });
-        lock(&self.probers).insert(ticket, p.clone());
+        unpoisoned(&self.probers).insert(ticket, p.clone());
         let me = self.clone();
         let p2 = p.clone();
         let task = tokio::spawn(async move {
@@ -370,12 +372,12 @@ impl Shared {
                 match got {
                     Ok(Some(1)) => break true,
                     // Waited an hour: wait again, unless withdrawn.
-                    Ok(Some(_)) if matches!(*lock(&p.state), Probe::Waiting) => continue,
+                    Ok(Some(_)) if matches!(*unpoisoned(&p.state), Probe::Waiting) => continue,
                     _ => break false,
                 }
             };
             let withdrawn = {
-                let mut st = lock(&p.state);
+                let mut st = unpoisoned(&p.state);
                 if won && matches!(*st, Probe::Waiting) {
                     *st = Probe::Won(s);
                     None
@@ -402,17 +404,17 @@ impl Shared {
             // A live waiter adopts the lock within moments; one that went
             // away without withdrawing must not keep it.
             tokio::time::sleep(QUEUE_TTL).await;
-            let left = match std::mem::replace(&mut *lock(&p.state), Probe::Over) {
+            let left = match std::mem::replace(&mut *unpoisoned(&p.state), Probe::Over) {
                 Probe::Won(s) => Some(s),
                 _ => None,
             };
             if let Some(s) = left {
-                lock(&me.probers).remove(&ticket);
+                unpoisoned(&me.probers).remove(&ticket);
                 me.unlock(s, &key).await;
                 me.table.wakeups().bump(name.as_str());
             }
         });
-        *lock(&p.task) = Some(task);
+        *unpoisoned(&p.task) = Some(task);
         ticket
     }
 
@@ -420,11 +422,11 @@ impl Shared {
     /// returns once the prober's session holds nothing, so a timed-out
     /// acquire leaves no grant behind it.
     async fn withdraw(&self, ticket: Ticket) {
-        let Some(p) = lock(&self.probers).remove(&ticket) else {
+        let Some(p) = unpoisoned(&self.probers).remove(&ticket) else {
             return;
         };
-        let was = std::mem::replace(&mut *lock(&p.state), Probe::Over);
-        let task = lock(&p.task).take();
+        let was = std::mem::replace(&mut *unpoisoned(&p.state), Probe::Over);
+        let task = unpoisoned(&p.task).take();
         match was {
             Probe::Won(s) => {
                 if let Some(t) = task {
@@ -457,7 +459,7 @@ impl Shared {
 
     /// Ends a hold: unlocks and recycles its session; whether it still held.
     async fn end(&self, hold_id: &str) -> Option<bool> {
-        let Some(hold) = lock(&self.holds).remove(hold_id) else {
+        let Some(hold) = unpoisoned(&self.holds).remove(hold_id) else {
             return Some(false);
         };
         // Let its lease task end now.
@@ -469,17 +471,13 @@ impl Shared {
     }
 }
 
-impl Backend for MySqlAdvisory {
+impl LockBackend for MySqlAdvisory {
     fn scheme(&self) -> &'static str {
         "mysql"
     }
 
     fn supports_fair(&self) -> bool {
         false
-    }
-
-    fn wakeups(&self) -> &Arc<Wakeups> {
-        self.shared.table.wakeups()
     }
 
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
@@ -489,7 +487,7 @@ impl Backend for MySqlAdvisory {
     fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(async move {
             let checks = refs.iter().map(|r| async move {
-                let Some(hold) = lock(&self.shared.holds).get(&r.hold_id).cloned() else {
+                let Some(hold) = unpoisoned(&self.shared.holds).get(&r.hold_id).cloned() else {
                     return Renewal::Gone;
                 };
                 let mine = self.shared.touch(&hold).await;
@@ -550,7 +548,7 @@ impl Backend for MySqlAdvisory {
                 // The owner is known for this client's holds; the server
                 // records none for other sessions.
                 let mut owner = format!("mysql session {id}");
-                for h in lock(&sh.holds).values() {
+                for h in unpoisoned(&sh.holds).values() {
                     if h.name == *name {
                         owner = h.owner.clone();
                     }
@@ -564,9 +562,9 @@ impl Backend for MySqlAdvisory {
                     lease_left: Duration::MAX,
                 });
             }
-            let waiters = lock(&sh.probers)
+            let waiters = unpoisoned(&sh.probers)
                 .values()
-                .filter(|p| matches!(*lock(&p.state), Probe::Waiting))
+                .filter(|p| matches!(*unpoisoned(&p.state), Probe::Waiting))
                 .count();
             Ok(LockStatus {
                 holders,
@@ -595,6 +593,24 @@ impl Backend for MySqlAdvisory {
         })
     }
 
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let sh = &self.shared;
+            let tickets: Vec<Ticket> = unpoisoned(&sh.probers).keys().copied().collect();
+            for t in tickets {
+                sh.withdraw(t).await;
+            }
+            let ids: Vec<String> = unpoisoned(&sh.holds).keys().cloned().collect();
+            for id in ids {
+                sh.end(&id).await;
+            }
+            sh.idle.clear();
+            sh.table.close().await;
+        })
+    }
+}
+
+impl Store for MySqlAdvisory {
     fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         self.shared.table.register_read(name)
     }
@@ -624,23 +640,9 @@ impl Backend for MySqlAdvisory {
     ) -> BoxFuture<'a, Result<Option<i64>>> {
         self.shared.table.register_decrement(name, by)
     }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            let sh = &self.shared;
-            let tickets: Vec<Ticket> = lock(&sh.probers).keys().copied().collect();
-            for t in tickets {
-                sh.withdraw(t).await;
-            }
-            let ids: Vec<String> = lock(&sh.holds).keys().cloned().collect();
-            for id in ids {
-                sh.end(&id).await;
-            }
-            sh.idle.clear();
-            sh.table.close().await;
-        })
-    }
 }
+
+impl Backend for MySqlAdvisory {}
 
 #[cfg(test)]
 mod tests {

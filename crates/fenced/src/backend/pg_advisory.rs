@@ -32,15 +32,17 @@
 //! transaction`) would hand our session to others; it is detected at
 //! connect (the backend pid changes between statements) and refused.
 
+use super::IdleSessions;
 use super::postgres::PgBackend;
-use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, IdleSessions, LockStatus, Mode,
-    Outcome, RegisterValue, Renewal, Ticket, lease_runs_out, lock,
-};
-use crate::core::hold::believed_until;
-use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use crate::spi::lease::believed_until;
+use crate::spi::lease::lease_runs_out;
+use crate::spi::sync::unpoisoned;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Store, Ticket,
+};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, Row};
 use std::collections::HashMap;
@@ -72,7 +74,7 @@ const TERMINATE: &str = "SELECT count(pg_terminate_backend(l.pid)) AS n FROM pg_
 
 /// The advisory key of a name (see the module docs).
 pub(crate) fn key(name: &str) -> i64 {
-    let mut h = crate::striped::Fnv1a::default();
+    let mut h = crate::spi::codec::Fnv1a::default();
     h.write(name.as_bytes());
     h.finish() as i64
 }
@@ -187,7 +189,7 @@ impl PgAdvisory {
             }
         };
         let k = key(req.name.as_str());
-        let mine = lock(&self.holds)
+        let mine = unpoisoned(&self.holds)
             .values()
             .find(|h| h.key == k && h.owner == req.owner_key)
             .map(|h| h.conn.clone());
@@ -264,7 +266,7 @@ impl PgAdvisory {
             deadline: watch::Sender::new(Instant::now() + req.lease),
             alive,
         });
-        lock(&self.holds).insert(req.hold_id.clone(), hold.clone());
+        unpoisoned(&self.holds).insert(req.hold_id.clone(), hold.clone());
         tokio::spawn(expire(
             self.idle.clone(),
             hold,
@@ -284,7 +286,7 @@ impl PgAdvisory {
     /// failed under the unlock (closing it freed the lock, but whether it
     /// was still held then is unknown).
     async fn end(&self, hold_id: &str) -> Option<bool> {
-        let Some(hold) = lock(&self.holds).remove(hold_id) else {
+        let Some(hold) = unpoisoned(&self.holds).remove(hold_id) else {
             return Some(false);
         };
         // Let its expiry task end now, dropping its share of the session.
@@ -382,23 +384,19 @@ async fn expire(
             }
         },
     }
-    if lock(&holds).remove(&hold_id).is_some() {
+    if unpoisoned(&holds).remove(&hold_id).is_some() {
         unlock(&hold, &idle).await;
         table.notify(hold.name.as_str()).await;
     }
 }
 
-impl Backend for PgAdvisory {
+impl LockBackend for PgAdvisory {
     fn scheme(&self) -> &'static str {
         "postgres"
     }
 
     fn supports_fair(&self) -> bool {
         false
-    }
-
-    fn wakeups(&self) -> &Arc<Wakeups> {
-        self.table.wakeups()
     }
 
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
@@ -408,7 +406,7 @@ impl Backend for PgAdvisory {
     fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
         Box::pin(async move {
             let checks = refs.iter().map(|r| async move {
-                let Some(hold) = lock(&self.holds).get(&r.hold_id).cloned() else {
+                let Some(hold) = unpoisoned(&self.holds).get(&r.hold_id).cloned() else {
                     return Renewal::Gone;
                 };
                 // The session is alive, so the server still holds our lock.
@@ -505,6 +503,19 @@ impl Backend for PgAdvisory {
         })
     }
 
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let ids: Vec<String> = unpoisoned(&self.holds).keys().cloned().collect();
+            for id in ids {
+                self.end(&id).await;
+            }
+            self.idle.clear();
+            self.table.close().await;
+        })
+    }
+}
+
+impl Store for PgAdvisory {
     fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         self.table.register_read(name)
     }
@@ -534,18 +545,9 @@ impl Backend for PgAdvisory {
     ) -> BoxFuture<'a, Result<Option<i64>>> {
         self.table.register_decrement(name, by)
     }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            let ids: Vec<String> = lock(&self.holds).keys().cloned().collect();
-            for id in ids {
-                self.end(&id).await;
-            }
-            self.idle.clear();
-            self.table.close().await;
-        })
-    }
 }
+
+impl Backend for PgAdvisory {}
 
 #[cfg(test)]
 mod tests {

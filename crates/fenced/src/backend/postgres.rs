@@ -25,15 +25,15 @@
 //! of that name. A holder that dies sends nothing, so waiters also look
 //! again when the first lease in their way ends.
 
-use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Renewal, Ticket,
-};
-use crate::core::acquire::QUEUE_TTL;
-use crate::core::machine::{Held, grantable, permits_differ};
-use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use crate::spi::grant::{Held, grantable, permits_differ};
+use crate::spi::lease::QUEUE_TTL;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Store, Ticket,
+};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, Row};
 use std::str::FromStr;
@@ -224,7 +224,6 @@ pub(crate) struct PgBackend {
     timeout: Duration,
     /// Whether `fenced_try_grant` can be called.
     fast: std::sync::atomic::AtomicBool,
-    wakeups: Arc<Wakeups>,
     listener: tokio::task::JoinHandle<()>,
 }
 
@@ -241,8 +240,8 @@ fn ms(d: Duration) -> i64 {
 impl PgBackend {
     /// Opens `postgres://…`: the lease table, or with `?mode=advisory`
     /// session advisory locks beside it.
-    pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
-        let (me, opts, advisory) = PgBackend::open_table(url).await?;
+    pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
+        let (me, opts, advisory) = PgBackend::open_table(url, wakeups).await?;
         if advisory {
             return super::pg_advisory::PgAdvisory::open(me, opts).await;
         }
@@ -251,17 +250,20 @@ impl PgBackend {
 
     /// The lease-table backend, the options for more connections, and
     /// whether `mode=advisory` was asked for.
-    async fn open_table(url: &str) -> Result<(Arc<PgBackend>, PgConnectOptions, bool)> {
-        let label = crate::url::redact(url);
+    async fn open_table(
+        url: &str,
+        wakeups: Arc<Wakeups>,
+    ) -> Result<(Arc<PgBackend>, PgConnectOptions, bool)> {
+        let label = crate::spi::endpoints::redact(url);
         let mut parsed = url::Url::parse(url)
             .map_err(|e| Error::invalid(format!("bad PostgreSQL URL {label:?}: {e}")))?;
         let mut pool_size: u32 = 8;
         let mut advisory = false;
-        let mut timeout = super::DEFAULT_TIMEOUT;
+        let mut timeout = crate::spi::DEFAULT_TIMEOUT;
         let mut kept = Vec::new();
         for (k, v) in parsed.query_pairs() {
             match k.as_ref() {
-                "timeout" => timeout = crate::url::parse_timeout(&v, &label)?,
+                "timeout" => timeout = crate::spi::endpoints::parse_timeout(&v, &label)?,
                 "pool" => {
                     pool_size = v
                         .parse()
@@ -349,7 +351,6 @@ impl PgBackend {
             }
         };
         tx.commit().await.map_err(|e| db(&label, e))?;
-        let wakeups = Arc::new(Wakeups::default());
         // The listener keeps a connection for good: one of its own, not one
         // of the `pool=` the grants share (with `pool=1` it took the only
         // one, and no grant could run).
@@ -361,14 +362,13 @@ impl PgBackend {
             .await
             .map_err(|e| db(&label, e))?;
         listener.listen(CHANNEL).await.map_err(|e| db(&label, e))?;
-        let listener = tokio::spawn(listen(listener, wakeups.clone()));
+        let listener = tokio::spawn(listen(listener, wakeups));
         let me = Arc::new(PgBackend {
             pool,
             label,
             identity,
             timeout,
             fast: fast.into(),
-            wakeups,
             listener,
         });
         Ok((me, opts, advisory))
@@ -657,13 +657,9 @@ pub(crate) fn db(label: &str, e: sqlx::Error) -> Error {
     }
 }
 
-impl Backend for PgBackend {
+impl LockBackend for PgBackend {
     fn scheme(&self) -> &'static str {
         "postgres"
-    }
-
-    fn wakeups(&self) -> &Arc<Wakeups> {
-        &self.wakeups
     }
 
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
@@ -774,6 +770,15 @@ impl Backend for PgBackend {
         })
     }
 
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.listener.abort();
+            self.pool.close().await;
+        })
+    }
+}
+
+impl Store for PgBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         Box::pin(async move {
             let row = sqlx::query(REGISTER_READ)
@@ -800,7 +805,7 @@ impl Backend for PgBackend {
         Box::pin(async move {
             let r = match fence {
                 Some(f) => {
-                    let f = super::fence_i64(f)?;
+                    let f = crate::spi::codec::fence_i64(f)?;
                     sqlx::query(REGISTER_FENCED)
                         .bind(name.as_str())
                         .bind(value)
@@ -829,8 +834,8 @@ impl Backend for PgBackend {
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
             // The version after it must fit the column too.
-            super::fence_i64(super::next_version(name, expected)?)?;
-            let expected = super::fence_i64(expected)?;
+            crate::spi::codec::fence_i64(crate::spi::codec::next_version(name, expected)?)?;
+            let expected = crate::spi::codec::fence_i64(expected)?;
             let q = if expected == 0 {
                 sqlx::query(REGISTER_CREATE).bind(name.as_str()).bind(value)
             } else {
@@ -861,11 +866,6 @@ impl Backend for PgBackend {
                 .map_err(|e| self.db(e))
         })
     }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            self.listener.abort();
-            self.pool.close().await;
-        })
-    }
 }
+
+impl Backend for PgBackend {}

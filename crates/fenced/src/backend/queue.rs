@@ -3,9 +3,9 @@
 //! holds and waiters, and fenced registers stored as one value that a
 //! compare-and-set replaces.
 
-use super::Mode;
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use crate::spi::Mode;
 use std::future::Future;
 
 /// What a queued key waits for.

@@ -35,15 +35,15 @@
 //! the monotonic clock, does not see that. Fencing tokens are persisted in
 //! the file and never fall below the wall clock in microseconds.
 
-use super::{
-    Attempt, Backend, Blocked, BoxFuture, DEFAULT_TIMEOUT, HoldRef, HolderInfo, LockStatus, Mode,
-    Outcome, RegisterValue, Renewal, Ticket,
-};
-use crate::core::acquire::QUEUE_TTL;
-use crate::core::machine::{Held, grantable, next_token, permits_differ};
-use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use crate::spi::grant::{Held, grantable, next_token, permits_differ};
+use crate::spi::lease::QUEUE_TTL;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, DEFAULT_TIMEOUT, HoldRef, HolderInfo, LockBackend,
+    LockStatus, Mode, Outcome, RegisterValue, Renewal, Store, Ticket,
+};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -148,7 +148,7 @@ fn ms(d: Duration) -> i64 {
 }
 
 impl SqliteBackend {
-    pub(crate) async fn open(path: &str) -> Result<Arc<dyn Backend>> {
+    pub(crate) async fn open(path: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
         let path = path.split('?').next().unwrap_or_default();
         if path.is_empty() {
             return Err(Error::invalid(
@@ -188,7 +188,6 @@ impl SqliteBackend {
                 Err(e) => return Err(cannot(e)),
             }
         };
-        let wakeups = Arc::new(Wakeups::default());
         let wake = wake::Endpoint::bind(wakeups.clone())?;
         Ok(Arc::new(SqliteBackend {
             pool,
@@ -435,13 +434,9 @@ fn db(e: sqlx::Error) -> Error {
     }
 }
 
-impl Backend for SqliteBackend {
+impl LockBackend for SqliteBackend {
     fn scheme(&self) -> &'static str {
         "sqlite"
-    }
-
-    fn wakeups(&self) -> &Arc<Wakeups> {
-        &self.wakeups
     }
 
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
@@ -573,6 +568,12 @@ impl Backend for SqliteBackend {
         })
     }
 
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move { self.pool.close().await })
+    }
+}
+
+impl Store for SqliteBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         Box::pin(async move {
             let row = q(REGISTER_READ)
@@ -598,7 +599,7 @@ impl Backend for SqliteBackend {
         Box::pin(async move {
             let r = match fence {
                 Some(f) => {
-                    let f = super::fence_i64(f)?;
+                    let f = crate::spi::codec::fence_i64(f)?;
                     q(REGISTER_FENCED)
                         .bind(name.as_str())
                         .bind(value)
@@ -627,8 +628,8 @@ impl Backend for SqliteBackend {
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
             // The version after it must fit the column too.
-            super::fence_i64(super::next_version(name, expected)?)?;
-            let expected = super::fence_i64(expected)?;
+            crate::spi::codec::fence_i64(crate::spi::codec::next_version(name, expected)?)?;
+            let expected = crate::spi::codec::fence_i64(expected)?;
             let r = if expected == 0 {
                 q(REGISTER_CREATE).bind(name.as_str()).bind(value)
             } else {
@@ -659,11 +660,9 @@ impl Backend for SqliteBackend {
             scalar(row)
         })
     }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move { self.pool.close().await })
-    }
 }
+
+impl Backend for SqliteBackend {}
 
 impl std::fmt::Debug for SqliteBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -680,8 +679,8 @@ impl std::fmt::Debug for SqliteBackend {
 /// client closes, and a process of another user may not be able to reach
 /// them: its waiters then find the lock free by their timed re-check.
 mod wake {
-    use crate::core::wake::Wakeups;
     use crate::error::{Error, Result};
+    use crate::spi::wake::Wakeups;
     use std::os::unix::net::UnixDatagram;
     use std::sync::Arc;
 

@@ -39,16 +39,18 @@
 //! lease ends without a renewal).
 
 use super::queue::{Wait, decode_register, encode_register, grants, register_cas, waits_for};
-use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Renewal, Ticket, arm_lease_once, lock,
-};
-use crate::core::hold::{SessionClock, believed_until};
-use crate::core::machine::permits_differ;
-use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::url::Endpoints;
+use crate::spi::endpoints::Endpoints;
+use crate::spi::grant::permits_differ;
+use crate::spi::lease::arm_lease_once;
+use crate::spi::lease::{SessionClock, believed_until};
+use crate::spi::sync::unpoisoned;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Store, Ticket,
+};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -138,7 +140,7 @@ struct OwnNode {
 
 impl Drop for OwnNode {
     fn drop(&mut self) {
-        if let Some(w) = lock(&self.watcher).take() {
+        if let Some(w) = unpoisoned(&self.watcher).take() {
             w.abort();
         }
     }
@@ -204,7 +206,7 @@ fn map_err(label: &str, e: zk::Error) -> Error {
 }
 
 impl ZkBackend {
-    pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
+    pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
         let mut ep = Endpoints::parse(url, DEFAULT_PORT)?;
         let label = redact_digest(ep.redacted());
         let session_timeout = ep
@@ -256,7 +258,7 @@ impl ZkBackend {
             timeout,
             digest,
             label,
-            wakeups: Arc::new(Wakeups::default()),
+            wakeups,
             nodes: Mutex::new(HashMap::new()),
             sessions: AtomicU64::new(1),
         };
@@ -294,7 +296,7 @@ fn redact_digest(url: &str) -> String {
 /// keeps each session's bound while it lives (see [`heartbeat`]).
 async fn monitor(inner: Arc<Inner>) {
     loop {
-        let (z, number) = lock(&inner.zk).clone();
+        let (z, number) = unpoisoned(&inner.zk).clone();
         let mut states = z.state_watcher();
         let ended = async {
             loop {
@@ -341,7 +343,7 @@ async fn monitor(inner: Arc<Inner>) {
         let n = inner.sessions.fetch_add(1, Ordering::AcqRel) + 1;
         let until = believed_until(dialed, fresh.session_timeout());
         inner.clock.start(n, until);
-        *lock(&inner.zk) = (fresh, n);
+        *unpoisoned(&inner.zk) = (fresh, n);
         inner.wakeups.bump_all();
     }
 }
@@ -414,11 +416,11 @@ impl Inner {
     }
 
     fn client(&self) -> zk::Client {
-        lock(&self.zk).0.clone()
+        unpoisoned(&self.zk).0.clone()
     }
 
     fn session(&self) -> u64 {
-        lock(&self.zk).1
+        unpoisoned(&self.zk).1
     }
 
     fn acls(&self) -> zk::Acls<'static> {
@@ -447,7 +449,7 @@ impl Inner {
 
     fn own_node(&self, req: &Attempt) -> Arc<OwnNode> {
         let session = self.session();
-        let mut nodes = lock(&self.nodes);
+        let mut nodes = unpoisoned(&self.nodes);
         if let Some(n) = nodes.get(&req.hold_id)
             && n.session == session
         {
@@ -486,16 +488,16 @@ impl Inner {
             .await
             .map_err(|e| self.err(e))?
         {
-            *lock(&own.czxid) = stat.czxid;
+            *unpoisoned(&own.czxid) = stat.czxid;
         }
-        *lock(&own.child) = Some(c);
+        *unpoisoned(&own.child) = Some(c);
         Ok(true)
     }
 
     fn owner_of(&self, name: &LockName, child: &str) -> Option<String> {
-        lock(&self.nodes)
+        unpoisoned(&self.nodes)
             .values()
-            .find(|o| o.name == *name && lock(&o.child).as_deref() == Some(child))
+            .find(|o| o.name == *name && unpoisoned(&o.child).as_deref() == Some(child))
             .map(|o| o.owner.clone())
     }
 
@@ -545,8 +547,8 @@ impl Inner {
                 Ok((stat, seq)) => {
                     let full = format!("{prefix}{seq}");
                     let child = full.rsplit('/').next().unwrap_or_default().to_owned();
-                    *lock(&own.child) = Some(child);
-                    *lock(&own.czxid) = stat.czxid;
+                    *unpoisoned(&own.child) = Some(child);
+                    *unpoisoned(&own.czxid) = stat.czxid;
                     return Ok(());
                 }
                 Err(zk::Error::NoNode) => {
@@ -579,15 +581,15 @@ impl Inner {
         // An earlier try's create may have gone through with its answer
         // lost (it timed out, or its future was dropped): adopt that node
         // rather than queue a second one behind it.
-        if lock(&own.child).is_none() && own.create_sent.load(Ordering::Acquire) {
+        if unpoisoned(&own.child).is_none() && own.create_sent.load(Ordering::Acquire) {
             self.find_protected(&z, &dir, &own).await?;
         }
-        let listed = if lock(&own.child).is_none() {
+        let listed = if unpoisoned(&own.child).is_none() {
             self.create_and_list(&z, &dir, &own, req).await?
         } else {
             None
         };
-        let mine = lock(&own.child).clone().unwrap_or_default();
+        let mine = unpoisoned(&own.child).clone().unwrap_or_default();
         let children = match listed {
             Some(c) => c,
             None => match z.list_children(&dir).await {
@@ -600,7 +602,7 @@ impl Inner {
         let Some(me) = q.iter().position(|(c, _)| *c == mine) else {
             // Our node is gone (the session ended, or it was deleted):
             // never act on a queue we are not in.
-            lock(&self.nodes).remove(&req.hold_id);
+            unpoisoned(&self.nodes).remove(&req.hold_id);
             return Ok(Outcome::Busy(Blocked {
                 ticket: None,
                 retry_after: Some(Duration::from_millis(1)),
@@ -612,10 +614,10 @@ impl Inner {
         let wait = waits_for(&view, me, |i| {
             i != me && owners[i].as_deref() == Some(req.owner_key.as_str())
         });
-        let token = *lock(&own.czxid);
+        let token = *unpoisoned(&own.czxid);
         match wait {
             Wait::Granted => {
-                if let Some(w) = lock(&own.watcher).take() {
+                if let Some(w) = unpoisoned(&own.watcher).take() {
                     w.abort();
                 }
                 self.mark_earlier_holds(&own, token);
@@ -675,7 +677,7 @@ impl Inner {
                         Err(e) => return Err(self.err(e)),
                     },
                 };
-                if let Some(old) = lock(&own.watcher).replace(task) {
+                if let Some(old) = unpoisoned(&own.watcher).replace(task) {
                     old.abort();
                 }
                 Ok(Outcome::Busy(Blocked {
@@ -690,11 +692,11 @@ impl Inner {
     /// (lower tokens) learn that a later hold exists, so their releases
     /// do not overwrite its token in the last-token record.
     fn mark_earlier_holds(&self, own: &OwnNode, token: i64) {
-        for o in lock(&self.nodes).values() {
+        for o in unpoisoned(&self.nodes).values() {
             if o.name == own.name
                 && o.exclusive
-                && lock(&o.deadline).is_some()
-                && *lock(&o.czxid) < token
+                && unpoisoned(&o.deadline).is_some()
+                && *unpoisoned(&o.czxid) < token
             {
                 o.later_sibling.store(true, Ordering::Release);
             }
@@ -704,27 +706,27 @@ impl Inner {
     /// Deletes the node of `hold_id` and forgets it; whether it was still
     /// there. On an error the node is kept, to try again.
     async fn end(&self, hold_id: &str) -> Result<bool> {
-        let Some(own) = lock(&self.nodes).get(hold_id).cloned() else {
+        let Some(own) = unpoisoned(&self.nodes).get(hold_id).cloned() else {
             return Ok(false);
         };
         // A create that went out without its answer (dropped, timed out,
         // failed oddly) may have made a node: find it by its protected id,
         // or it would head the queue, unnamed, until the session ends.
-        if lock(&own.child).is_none()
+        if unpoisoned(&own.child).is_none()
             && own.create_sent.load(Ordering::Acquire)
             && own.session == self.session()
         {
             let dir = Self::path_of(&own.name)?;
             self.find_protected(&self.client(), &dir, &own).await?;
         }
-        let child = lock(&own.child).clone();
-        let granted = lock(&own.deadline).is_some();
+        let child = unpoisoned(&own.child).clone();
+        let granted = unpoisoned(&own.deadline).is_some();
         let mut was = false;
         if let Some(child) = child
             && own.session == self.session()
         {
             let path = format!("{}/{child}", Self::path_of(&own.name)?);
-            let token = *lock(&own.czxid) as u64;
+            let token = *unpoisoned(&own.czxid) as u64;
             let z = self.client();
             let mut recorded = false;
             if granted && own.exclusive && !own.later_sibling.load(Ordering::Acquire) {
@@ -771,8 +773,8 @@ impl Inner {
                 }
             }
         }
-        lock(&self.nodes).remove(hold_id);
-        if let Some(d) = lock(&own.deadline).take() {
+        unpoisoned(&self.nodes).remove(hold_id);
+        if let Some(d) = unpoisoned(&own.deadline).take() {
             d.send_replace(Instant::now());
         }
         self.wakeups.bump(own.name.as_str());
@@ -839,13 +841,9 @@ impl Inner {
     }
 }
 
-impl Backend for ZkBackend {
+impl LockBackend for ZkBackend {
     fn scheme(&self) -> &'static str {
         "zk"
-    }
-
-    fn wakeups(&self) -> &Arc<Wakeups> {
-        &self.inner.wakeups
     }
 
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
@@ -860,10 +858,10 @@ impl Backend for ZkBackend {
             let checks = refs.iter().map(|r| {
                 let z = z.clone();
                 async move {
-                    let Some(own) = lock(&inner.nodes).get(&r.hold_id).cloned() else {
+                    let Some(own) = unpoisoned(&inner.nodes).get(&r.hold_id).cloned() else {
                         return Renewal::Gone;
                     };
-                    let child = lock(&own.child).clone();
+                    let child = unpoisoned(&own.child).clone();
                     let (Some(child), true) = (child, own.session == session) else {
                         return Renewal::Gone;
                     };
@@ -874,8 +872,8 @@ impl Backend for ZkBackend {
                     let Ok(stat) = z.check_stat(&format!("{dir}/{child}")).await else {
                         return Renewal::Unknown;
                     };
-                    let here = stat.is_some_and(|s| s.czxid == *lock(&own.czxid));
-                    if here && let Some(d) = lock(&own.deadline).as_ref() {
+                    let here = stat.is_some_and(|s| s.czxid == *unpoisoned(&own.czxid));
+                    if here && let Some(d) = unpoisoned(&own.deadline).as_ref() {
                         d.send_replace(Instant::now() + r.lease);
                     }
                     Renewal::from(here)
@@ -893,13 +891,13 @@ impl Backend for ZkBackend {
         self.inner.identity.clone()
     }
 
-    fn ownership(&self, hold: &HoldRef) -> Option<crate::guard::Ownership> {
-        let own = lock(&self.inner.nodes).get(&hold.hold_id).cloned()?;
-        let child = lock(&own.child).clone()?;
+    fn ownership(&self, hold: &HoldRef) -> Option<crate::spi::Ownership> {
+        let own = unpoisoned(&self.inner.nodes).get(&hold.hold_id).cloned()?;
+        let child = unpoisoned(&own.child).clone()?;
         let dir = Inner::path_of(&own.name).ok()?;
-        Some(crate::guard::Ownership {
+        Some(crate::spi::Ownership {
             key: format!("{dir}/{child}").into_bytes(),
-            revision: *lock(&own.czxid) as u64,
+            revision: *unpoisoned(&own.czxid) as u64,
         })
     }
 
@@ -961,11 +959,11 @@ impl Backend for ZkBackend {
                 };
                 let token = stat.czxid as u64;
                 last_token = last_token.max(token);
-                let lease_left = lock(&inner.nodes)
+                let lease_left = unpoisoned(&inner.nodes)
                     .values()
-                    .find(|o| lock(&o.child).as_deref() == Some(child.as_str()))
+                    .find(|o| unpoisoned(&o.child).as_deref() == Some(child.as_str()))
                     .and_then(|o| {
-                        lock(&o.deadline)
+                        unpoisoned(&o.deadline)
                             .as_ref()
                             .map(|d| d.borrow().saturating_duration_since(Instant::now()))
                     })
@@ -1026,6 +1024,18 @@ impl Backend for ZkBackend {
         })
     }
 
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.monitor.abort();
+            let ids: Vec<String> = unpoisoned(&self.inner.nodes).keys().cloned().collect();
+            for id in ids {
+                let _ = self.inner.end(&id).await;
+            }
+        })
+    }
+}
+
+impl Store for ZkBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         Box::pin(async move {
             Ok(self
@@ -1063,7 +1073,10 @@ impl Backend for ZkBackend {
             if seen != expected {
                 return Ok(None);
             }
-            Ok(Some((value.to_vec(), super::next_version(name, expected)?)))
+            Ok(Some((
+                value.to_vec(),
+                crate::spi::codec::next_version(name, expected)?,
+            )))
         }))
     }
 
@@ -1079,7 +1092,7 @@ impl Backend for ZkBackend {
                 .meta_cas(REGISTERS, name, |old| {
                     after = None;
                     let Some((v, f)) = old else { return Ok(None) };
-                    let n = crate::fence::parse_i64(name, v)?;
+                    let n = crate::spi::codec::parse_i64(name, v)?;
                     if n < by {
                         return Ok(None);
                     }
@@ -1090,17 +1103,9 @@ impl Backend for ZkBackend {
             Ok(if changed { after } else { None })
         })
     }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            self.monitor.abort();
-            let ids: Vec<String> = lock(&self.inner.nodes).keys().cloned().collect();
-            for id in ids {
-                let _ = self.inner.end(&id).await;
-            }
-        })
-    }
 }
+
+impl Backend for ZkBackend {}
 
 #[cfg(test)]
 mod tests {

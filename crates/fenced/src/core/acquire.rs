@@ -2,7 +2,6 @@
 //! with reentrancy, timeouts, transient-error retries and cleanup when the
 //! caller goes away.
 
-use crate::backend::{Attempt, Backend, BoxFuture, Mode, Outcome};
 use crate::client::ClientInner;
 use crate::core::hold::{Grant, Hold};
 use crate::core::worker::Job;
@@ -11,6 +10,7 @@ use crate::guard::Guard;
 use crate::lock::Lock;
 use crate::owner::Owner;
 use crate::retry::RetryPolicy;
+use crate::spi::{Attempt, Backend, BoxFuture, Mode, Outcome};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -205,7 +205,7 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
     };
     let mut interest = attempt
         .will_wait
-        .then(|| backend.wakeups().interest(lock.name.as_str()));
+        .then(|| inner.wakeups.interest(lock.name.as_str()));
     let mut cleanup = Cleanup {
         inner,
         attempt: None,
@@ -432,8 +432,3 @@ pub(crate) async fn with_retry<'a, T>(
         }
     }
 }
-
-/// How long a fair waiter's queue place outlives its last attempt. Waiters
-/// attempt at least every [`MAX_FALLBACK`], so a live waiter never loses its
-/// place; a dead one (killed, paused) stops blocking the queue after this.
-pub(crate) const QUEUE_TTL: Duration = Duration::from_secs(10);

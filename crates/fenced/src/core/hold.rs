@@ -24,9 +24,10 @@
 //! keep-alive the server confirms; the hold is believed only until the
 //! earlier of the two.
 
-use crate::backend::{HoldRef, Mode};
 use crate::core::worker::Job;
 use crate::name::LockName;
+use crate::spi::lease::{Bound, believed_until};
+use crate::spi::{HoldRef, Mode};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -74,95 +75,6 @@ pub(crate) struct HoldState {
     pub(crate) lost: Option<LostReason>,
 }
 
-/// Until when a session is believed to live on the server (see the module
-/// docs): the backend moves it forward with each confirmed keep-alive, and
-/// back to the present when it knows the session is gone.
-pub(crate) type Bound = watch::Receiver<Instant>;
-
-/// The clock of a backend's session (an etcd lease, a ZooKeeper session),
-/// for the [`Bound`]s of its holds: which session is live (`K`, its id),
-/// and until when the server is known to keep it. Each hold takes the
-/// bound of the session its key or node was made in; a session that ends
-/// ends its holds' bounds at once, and the next one starts a clock of its
-/// own.
-#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
-pub(crate) struct SessionClock<K> {
-    live: Mutex<Live<K>>,
-}
-
-struct Live<K> {
-    id: K,
-    bound: watch::Sender<Instant>,
-    /// Known gone: no later word moves the bound again.
-    ended: bool,
-}
-
-#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
-impl<K: Copy + PartialEq> SessionClock<K> {
-    /// Session `id`, kept by the server until `until`.
-    pub(crate) fn new(id: K, until: Instant) -> Self {
-        SessionClock {
-            live: Mutex::new(Live {
-                id,
-                bound: watch::Sender::new(until),
-                ended: false,
-            }),
-        }
-    }
-
-    fn live(&self) -> std::sync::MutexGuard<'_, Live<K>> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The bound of session `id`: the live one's, or one already run out
-    /// if `id` is not the live session any more.
-    pub(crate) fn bound_of(&self, id: K) -> Bound {
-        let live = self.live();
-        if live.id == id && !live.ended {
-            live.bound.subscribe()
-        } else {
-            watch::channel(Instant::now()).1
-        }
-    }
-
-    /// A new session `id` is live, kept until `until`: a clock of its own,
-    /// so the bounds of the old session's holds stay where they ended.
-    pub(crate) fn start(&self, id: K, until: Instant) {
-        *self.live() = Live {
-            id,
-            bound: watch::Sender::new(until),
-            ended: false,
-        };
-    }
-
-    /// Session `id` is confirmed until `until`; a late word of a session
-    /// that is no longer live, or known gone, changes nothing. The bound
-    /// only moves forward, even past a moment it had already reached: the
-    /// server kept the session at least that long, as a session that ends
-    /// never comes back.
-    pub(crate) fn confirm(&self, id: K, until: Instant) {
-        let live = self.live();
-        if live.id == id && !live.ended {
-            live.bound.send_if_modified(|b| {
-                let later = until > *b;
-                if later {
-                    *b = until;
-                }
-                later
-            });
-        }
-    }
-
-    /// Session `id` may be gone: its holds' bounds run out now, for good.
-    pub(crate) fn end(&self, id: K) {
-        let mut live = self.live();
-        if live.id == id {
-            live.ended = true;
-            live.bound.send_replace(Instant::now());
-        }
-    }
-}
-
 /// What the acquire loop knows of a grant when it makes a [`Hold`].
 pub(crate) struct Grant {
     pub(crate) r: HoldRef,
@@ -194,13 +106,6 @@ pub(crate) struct Hold {
     state: watch::Sender<HoldState>,
     session: Option<Bound>,
     worker: mpsc::UnboundedSender<Job>,
-}
-
-/// Until when a grant or renewal sent at `sent` for `lease` is believed:
-/// the lease less the drift.
-pub(crate) fn believed_until(sent: Instant, lease: Duration) -> Instant {
-    let drift = (lease / 100 + Duration::from_millis(2)).min(lease / 2);
-    sent + (lease - drift)
 }
 
 impl Hold {

@@ -2,7 +2,5 @@
 
 pub(crate) mod acquire;
 pub(crate) mod hold;
-pub(crate) mod machine;
-pub(crate) mod wake;
 pub(crate) mod watchdog;
 pub(crate) mod worker;

@@ -10,8 +10,8 @@
 //! on time. The task exits when nothing is scheduled and is started again
 //! by the next hold.
 
-use crate::backend::{Backend, Renewal};
 use crate::core::hold::{Hold, LostReason};
+use crate::spi::{Backend, Renewal};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

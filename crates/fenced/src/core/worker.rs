@@ -5,9 +5,9 @@
 //! by the backend's request timeout, so one release stuck on a server
 //! that does not answer never holds up the others.
 
-use crate::backend::{Backend, HoldRef, Outcome, Ticket};
 use crate::core::acquire::InFlight;
 use crate::name::LockName;
+use crate::spi::{Backend, HoldRef, Outcome, Ticket};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -127,7 +127,7 @@ async fn run(backend: &dyn Backend, job: Job) {
 /// backend, since the lease frees the lock anyway.
 async fn retry_a_little<'a, T, F>(mut f: F) -> crate::Result<T>
 where
-    F: FnMut() -> crate::backend::BoxFuture<'a, crate::Result<T>>,
+    F: FnMut() -> crate::spi::BoxFuture<'a, crate::Result<T>>,
 {
     let mut delay = Duration::from_millis(20);
     for _ in 0..4 {

@@ -33,16 +33,16 @@ mod scripts;
 mod sentinel;
 mod subscribe;
 
-use super::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Renewal, Ticket,
-};
-use crate::core::acquire::QUEUE_TTL;
-use crate::core::machine::permits_differ;
-use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::url::Endpoints;
+use crate::spi::endpoints::Endpoints;
+use crate::spi::grant::permits_differ;
+use crate::spi::lease::QUEUE_TTL;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Store, Ticket,
+};
 use conn::{Conn, Lane, Node, Target};
 use redis::Value;
 use scripts::Scripts;
@@ -151,7 +151,6 @@ pub(crate) struct RedisBackend {
     scripts: Scripts,
     min_replicas: u32,
     wait_timeout: Duration,
-    wakeups: Arc<Wakeups>,
     subscriber: Subscriber,
     /// Whether unfair waiters queue too, so that a release wakes one
     /// waiter; not on RedLock's masters, where tickets would differ per
@@ -161,14 +160,14 @@ pub(crate) struct RedisBackend {
 
 impl RedisBackend {
     /// Opens `redis://`, `rediss://`, `redis+sentinel://` or `redis+cluster://`.
-    pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
+    pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
         let port = if url.starts_with("redis+sentinel:") {
             SENTINEL_PORT
         } else {
             DEFAULT_PORT
         };
         let mut ep = Endpoints::parse(url, port)?;
-        let backend = RedisBackend::from_endpoints(&mut ep, Arc::new(Wakeups::default()))?;
+        let backend = RedisBackend::from_endpoints(&mut ep, wakeups)?;
         ep.finish(PARAMS)?;
         backend.check().await?;
         Ok(Arc::new(backend))
@@ -298,7 +297,7 @@ impl RedisBackend {
                 )));
             }
         };
-        let subscriber = Subscriber::new(wakeups.clone());
+        let subscriber = Subscriber::new(wakeups);
         let identity = identity_of(scheme, ep);
         Ok(RedisBackend {
             scheme,
@@ -309,7 +308,6 @@ impl RedisBackend {
             scripts: Scripts::new(layout == Layout::Simple),
             min_replicas,
             wait_timeout,
-            wakeups,
             subscriber,
             queue_waiters: true,
         })
@@ -787,13 +785,9 @@ fn ms(d: Duration) -> u64 {
     (d.as_millis() as u64).max(1)
 }
 
-impl Backend for RedisBackend {
+impl LockBackend for RedisBackend {
     fn scheme(&self) -> &'static str {
         self.scheme
-    }
-
-    fn wakeups(&self) -> &Arc<Wakeups> {
-        &self.wakeups
     }
 
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
@@ -832,7 +826,9 @@ impl Backend for RedisBackend {
     fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
         Box::pin(self.force_inner(name))
     }
+}
 
+impl Store for RedisBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         Box::pin(self.register_read_inner(name))
     }
@@ -863,6 +859,8 @@ impl Backend for RedisBackend {
         Box::pin(self.register_decrement_inner(name, by))
     }
 }
+
+impl Backend for RedisBackend {}
 
 #[cfg(test)]
 mod tests {

@@ -22,14 +22,14 @@
 //! quorum.
 
 use super::{PARAMS, RedisBackend};
-use crate::backend::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockStatus, Mode, Outcome,
-    RegisterValue, Renewal, Ticket,
-};
-use crate::core::wake::Wakeups;
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::url::Endpoints;
+use crate::spi::endpoints::Endpoints;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Store, Ticket,
+};
 use futures_util::future::join_all;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,20 +53,19 @@ fn node_timeout(ep: &mut Endpoints) -> Result<Duration> {
     }
     match ep.take("timeout") {
         None => Ok(NODE_TIMEOUT),
-        Some(v) => crate::url::parse_timeout(&v, "a redlock:// URL"),
+        Some(v) => crate::spi::endpoints::parse_timeout(&v, "a redlock:// URL"),
     }
 }
 
 pub(crate) struct RedLockBackend {
     nodes: Vec<RedisBackend>,
-    wakeups: Arc<Wakeups>,
     /// Each master's request timeout.
     node_timeout: Duration,
     identity: String,
 }
 
 impl RedLockBackend {
-    pub(crate) async fn open(url: &str) -> Result<Arc<dyn Backend>> {
+    pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
         let mut ep = Endpoints::parse(url, super::DEFAULT_PORT)?;
         if !ep.path.is_empty() {
             return Err(Error::invalid(format!(
@@ -75,7 +74,6 @@ impl RedLockBackend {
             )));
         }
         let node_timeout = node_timeout(&mut ep)?;
-        let wakeups = Arc::new(Wakeups::default());
         let creds = ep
             .userinfo
             .as_ref()
@@ -98,7 +96,6 @@ impl RedLockBackend {
         let identity = super::identity_of("redlock", &ep);
         let backend = RedLockBackend {
             nodes,
-            wakeups,
             node_timeout,
             identity,
         };
@@ -223,17 +220,13 @@ impl RedLockBackend {
     }
 }
 
-impl Backend for RedLockBackend {
+impl LockBackend for RedLockBackend {
     fn scheme(&self) -> &'static str {
         "redlock"
     }
 
     fn supports_fair(&self) -> bool {
         false
-    }
-
-    fn wakeups(&self) -> &Arc<Wakeups> {
-        &self.wakeups
     }
 
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
@@ -356,7 +349,9 @@ impl Backend for RedLockBackend {
             Ok(n.into_iter().max().unwrap_or(0))
         })
     }
+}
 
+impl Store for RedLockBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
         Box::pin(self.nodes[0].register_read_inner(name))
     }
@@ -387,6 +382,8 @@ impl Backend for RedLockBackend {
         Box::pin(self.nodes[0].register_decrement_inner(name, by))
     }
 }
+
+impl Backend for RedLockBackend {}
 
 #[cfg(test)]
 mod tests {

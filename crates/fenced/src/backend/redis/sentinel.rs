@@ -46,7 +46,7 @@ pub(crate) struct Sentinels {
 
 impl Drop for Sentinels {
     fn drop(&mut self) {
-        for f in crate::backend::lock(&self.followers)
+        for f in crate::spi::sync::unpoisoned(&self.followers)
             .take()
             .into_iter()
             .flatten()
@@ -183,7 +183,7 @@ impl Sentinels {
 
     /// Subscribes to `+switch-master` on every sentinel, once.
     fn follow(&self) {
-        let mut followers = crate::backend::lock(&self.followers);
+        let mut followers = crate::spi::sync::unpoisoned(&self.followers);
         if followers.is_some() {
             return;
         }

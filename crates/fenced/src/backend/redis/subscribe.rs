@@ -10,8 +10,8 @@
 //! next wait connects again.
 
 use super::conn::Node;
-use crate::core::wake::Wakeups;
 use crate::error::Result;
+use crate::spi::wake::Wakeups;
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
 use std::collections::HashMap;
@@ -31,7 +31,7 @@ pub(super) struct Subscriber {
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
-        if let Some(r) = lock(&self.reader).take() {
+        if let Some(r) = unpoisoned(&self.reader).take() {
             r.abort();
         }
     }
@@ -49,7 +49,7 @@ impl Subscriber {
 
     /// Those of `channels` not subscribed yet.
     fn missing(&self, channels: &[String]) -> Vec<String> {
-        let known = lock(&self.channels);
+        let known = unpoisoned(&self.channels);
         channels
             .iter()
             .filter(|c| !known.contains_key(c.as_str()))
@@ -91,7 +91,7 @@ impl Subscriber {
                 self.wakeups.clone(),
                 switches,
             ));
-            if let Some(old) = lock(&self.reader).replace(task.abort_handle()) {
+            if let Some(old) = unpoisoned(&self.reader).replace(task.abort_handle()) {
                 old.abort();
             }
         }
@@ -101,7 +101,7 @@ impl Subscriber {
             return Err(node.error(e));
         }
         let idle: Vec<String> = {
-            let mut known = lock(&self.channels);
+            let mut known = unpoisoned(&self.channels);
             for c in channels {
                 known.insert(c, name.into());
             }
@@ -142,7 +142,7 @@ async fn read(
             () = switched(&mut switches) => None,
         };
         let Some(msg) = msg else { break };
-        let name = lock(&channels).get(msg.get_channel_name()).cloned();
+        let name = unpoisoned(&channels).get(msg.get_channel_name()).cloned();
         // The queue's head ticket wakes that waiter alone; anything
         // else (Redisson's unlock `0`, its read-unlock `1`) wakes all.
         match (name, msg.get_payload::<i64>().ok()) {
@@ -153,7 +153,7 @@ async fn read(
     }
     tracing::debug!("redis pub/sub connection closed or moved; waiters will look again");
     *sink.lock().await = None;
-    let names: Vec<Arc<str>> = lock(&channels).drain().map(|(_, n)| n).collect();
+    let names: Vec<Arc<str>> = unpoisoned(&channels).drain().map(|(_, n)| n).collect();
     for n in names {
         wakeups.bump(&n);
     }
@@ -169,4 +169,4 @@ async fn switched(switches: &mut Option<tokio::sync::watch::Receiver<u64>>) {
     std::future::pending().await
 }
 
-use crate::backend::lock;
+use crate::spi::sync::unpoisoned;

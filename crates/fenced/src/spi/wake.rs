@@ -12,7 +12,7 @@
 //! yet: the slot remembers the tickets it heard, and the waiter wakes when
 //! it learns its ticket only if that ticket was among them.
 
-use crate::backend::Ticket;
+use crate::spi::Ticket;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! (memory, SQLite, and the SQL lease table): one machine for mutexes,
 //! read-write locks and semaphores.
 
-use crate::backend::Mode;
+use crate::spi::Mode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A current holder, as the rule needs it.

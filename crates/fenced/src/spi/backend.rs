@@ -1,0 +1,185 @@
+//! The traits a backend implements, split by concern in the manner of
+//! sqlx's driver traits: [`LockBackend`] for holds, [`Store`] for the
+//! small values beside them, and [`ElectionLayout`] for the few engines
+//! with an election layout of their own. [`Backend`] is what the client
+//! keeps: a lock backend that is also a store, with election optional.
+//!
+//! # What every backend promises
+//!
+//! - **One atomic try.** [`LockBackend::attempt`] decides a grant in one
+//!   step that no other client's step can interleave with (a transaction,
+//!   a script, a compare-and-set), and issues a fencing token above every
+//!   token the name had.
+//! - **Owner-only release.** [`LockBackend::release`] and
+//!   [`LockBackend::renew`] touch only the hold named by its `hold_id`:
+//!   another owner's hold, or a later hold of the same owner, is never
+//!   released or extended by it. Both are idempotent.
+//! - **Wake-ups.** The client hands the backend its
+//!   [`Wakeups`](crate::spi::wake::Wakeups) when it opens it. A `Busy`
+//!   answer to an attempt with `will_wait` means the backend has already
+//!   arranged to wake that name when it changes (a release, an expiry the
+//!   backend notices, a queue place freed); a waiter also re-attempts at
+//!   `retry_after`, so a lost notification costs latency, never progress.
+//! - **Queue places expire.** A place in a fair queue (a [`Ticket`]) that
+//!   is not attempted again within
+//!   [`QUEUE_TTL`](crate::spi::lease::QUEUE_TTL) is dropped by the
+//!   backend, so a dead waiter blocks others for at most that long.
+//! - **Renewal is measured from its send time.** A `Held` renewal means
+//!   the server kept the hold at least a full lease from the moment the
+//!   request was sent; the core derives the deadline it believes from
+//!   that moment ([`believed_until`](crate::spi::lease::believed_until)).
+//!   A backend whose holds live on a session (etcd, ZooKeeper, advisory
+//!   locks) also hands out the session's
+//!   [`Bound`](crate::spi::lease::Bound) with each grant: until when the
+//!   server is known to keep the session.
+//! - **Bounded calls.** Every call answers or fails within
+//!   [`LockBackend::request_timeout`]; the core retries transient errors
+//!   within the caller's deadline.
+
+use super::types::{
+    Attempt, BoxFuture, HoldRef, LeaderValue, LockStatus, Outcome, Ownership, RegisterValue,
+    Renewal, Ticket,
+};
+use crate::error::Result;
+use crate::name::LockName;
+use std::time::Duration;
+
+/// How long one request to a backend may take unless its URL says
+/// otherwise (`timeout=`): an attempt, a renewal or a release that takes
+/// longer counts as failed (and is retried where the caller's deadline
+/// allows), so no call waits on a server that does not answer.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Holds: try, extend, drop, and tell what is held.
+pub(crate) trait LockBackend: Send + Sync + 'static {
+    /// The URL scheme, for logs and status.
+    fn scheme(&self) -> &'static str;
+
+    /// Whether `fair` is honoured.
+    fn supports_fair(&self) -> bool {
+        true
+    }
+
+    /// One atomic try. On `Busy` with `will_wait`, the backend must already
+    /// have arranged to wake this name when it changes.
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>>;
+
+    /// Extends each hold's lease; one [`Renewal`] per hold, in order.
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>>;
+
+    /// How long one request may take (the URL's `timeout=`, else
+    /// [`DEFAULT_TIMEOUT`]).
+    fn request_timeout(&self) -> Duration {
+        DEFAULT_TIMEOUT
+    }
+
+    /// Who the backend is, spelled the same way whatever URL named it
+    /// (scheme aliases resolved, hosts sorted, default ports and
+    /// databases written out, credentials and tuning left out): what
+    /// MultiLock orders locks of different backends by, so that two
+    /// processes that spell one backend differently still take locks in
+    /// one order.
+    fn identity(&self) -> String;
+
+    /// Drops a hold; `true` when it was still there. Idempotent. One try:
+    /// the caller retries transient errors.
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>>;
+
+    /// Called once every retry of a release has failed on a transient
+    /// error and nobody waits on it any more. Where a lease frees the lock
+    /// (the default) there is nothing left to do; where the key lives as
+    /// long as the client's session (etcd, ZooKeeper), the backend keeps
+    /// trying in the background while that session lives, or the lock
+    /// stays blocked for as long as the client runs (the torture suite's
+    /// leader fault left an etcd lock blocked for 20 s).
+    fn release_later(&self, _hold: HoldRef) {}
+
+    /// Forgets a queue place (and a hold granted to an attempt whose caller
+    /// went away, if any). Idempotent.
+    fn abandon<'a>(
+        &'a self,
+        name: &'a LockName,
+        ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>>;
+
+    /// What the backend knows of `name`.
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>>;
+
+    /// Drops every hold of `name` whoever holds it (an operator's "break
+    /// lock"); returns how many holds were dropped.
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>>;
+
+    /// The backend's own record of a hold, for guarding writes in the
+    /// user's own transactions (see [`Guard::ownership`](crate::Guard::ownership)).
+    fn ownership(&self, _hold: &HoldRef) -> Option<Ownership> {
+        None
+    }
+
+    /// Lets go of connections; called once by `Client::close`.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// Small values kept beside the locks: the fenced register, which is also
+/// a versioned value and a counter.
+pub(crate) trait Store: Send + Sync + 'static {
+    /// The fenced register: its value and the highest fence it has seen.
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>>;
+
+    /// Writes the register if `fence` is at least the highest it has seen
+    /// (or unconditionally when `fence` is `None`); `false` when refused.
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Writes the register and sets its fence to `expected + 1` only if its
+    /// fence is exactly `expected` (0 when it was never written): a
+    /// versioned compare-and-set, the fence counting writes. `false` when
+    /// the fence had moved on.
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Atomically subtracts `by` from the register's integer value if the
+    /// result stays ≥ 0; the new value, or `None` if it would go negative.
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>>;
+}
+
+/// An engine's own election layout (etcd's `concurrency.Election`): the
+/// leader's value lives in the leader's key, where other clients of that
+/// layout read it. Backends without one keep the value in a fenced
+/// register beside the lock.
+pub(crate) trait ElectionLayout: Send + Sync {
+    /// Publishes the value of the leader whose hold is `hold` with `token`,
+    /// if that hold still leads; `false` if it does not.
+    fn proclaim<'a>(
+        &'a self,
+        hold: &'a HoldRef,
+        token: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>>;
+
+    /// The leader's value and token, `None` when nobody leads.
+    fn leader<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LeaderValue>>;
+}
+
+/// What a client keeps: a lock backend that is also a store, with an
+/// election layout where the engine has one.
+pub(crate) trait Backend: LockBackend + Store {
+    /// The engine's own election layout, if it has one.
+    fn election(&self) -> Option<&dyn ElectionLayout> {
+        None
+    }
+}
