@@ -186,7 +186,7 @@ static TABLE: std::sync::LazyLock<Vec<BackendInfo>> = std::sync::LazyLock::new(|
             example: "postgres://user@host/db[?mode=advisory]",
             summary: "a lease table in PostgreSQL, or session advisory locks",
             capabilities: LEASED,
-            open: opener!("postgres", super::postgres::PgBackend::open),
+            open: opener!("postgres", super::sql::postgres::PgBackend::open),
         },
         BackendInfo {
             name: "mysql",
@@ -196,7 +196,7 @@ static TABLE: std::sync::LazyLock<Vec<BackendInfo>> = std::sync::LazyLock::new(|
             example: "mysql://user@host/db[?mode=advisory]",
             summary: "a lease table in MariaDB, or GET_LOCK session locks",
             capabilities: LEASED,
-            open: opener!("mysql", super::mysql::MySqlBackend::open),
+            open: opener!("mysql", super::sql::mysql::MySqlBackend::open),
         },
         BackendInfo {
             name: "etcd",
@@ -231,7 +231,7 @@ static TABLE: std::sync::LazyLock<Vec<BackendInfo>> = std::sync::LazyLock::new(|
 async fn open_sqlite(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
     let rest = url.strip_prefix("sqlite:").unwrap_or(url);
     let path = rest.strip_prefix("//").unwrap_or(rest);
-    super::sqlite::SqliteBackend::open(path, wakeups).await
+    super::sql::sqlite::SqliteBackend::open(path, wakeups).await
 }
 
 #[cfg(feature = "redis")]

@@ -1,0 +1,274 @@
+//! One try, and the end of a hold.
+
+use super::*;
+
+impl Inner {
+    pub(super) fn err(&self, e: etcd_client::Error) -> Error {
+        map_err(&self.label, e)
+    }
+
+    pub(super) fn lease(&self) -> Result<i64> {
+        match self.session.lease.load(Ordering::Acquire) {
+            0 => Err(Error::unavailable(format!(
+                "etcd at {}: this client's session lease is gone and no new one is granted yet",
+                self.label
+            ))),
+            id => Ok(id),
+        }
+    }
+
+    /// This client's key for an attempt, made on its first try.
+    pub(super) fn own_key(&self, req: &Attempt, prefix: &[u8], lease: i64) -> Arc<OwnKey> {
+        let mut keys = unpoisoned(&self.keys);
+        if let Some(k) = keys.get(&req.hold_id)
+            && k.lease == lease
+        {
+            return k.clone();
+        }
+        let base = format!("{}{lease:x}", String::from_utf8_lossy(prefix));
+        let ghosts = unpoisoned(&self.ghosts);
+        let taken =
+            |k: &str| keys.values().any(|o| o.key == k.as_bytes()) || ghosts.contains(k.as_bytes());
+        let key = if taken(&base) {
+            loop {
+                let n = self.next_suffix.fetch_add(1, Ordering::Relaxed);
+                let k = format!("{base}_{n}");
+                if !taken(&k) {
+                    break k;
+                }
+            }
+        } else {
+            base
+        };
+        let own = Arc::new(OwnKey {
+            key: key.into_bytes(),
+            name: req.name.clone(),
+            owner: req.owner_key.clone(),
+            lease,
+            rev: AtomicI64::new(0),
+            deadline: Mutex::new(None),
+            watcher: Mutex::new(None),
+        });
+        keys.insert(req.hold_id.clone(), own.clone());
+        own
+    }
+
+    /// Which keys of a prefix listing (sorted by create revision) hold.
+    pub(super) fn grants(&self, kvs: &[KeyValue]) -> Vec<bool> {
+        let owners: Vec<Option<String>> = kvs.iter().map(|kv| self.owner_of(kv.key())).collect();
+        grants(&queue(kvs), &owners)
+    }
+
+    pub(super) fn owner_of(&self, key: &[u8]) -> Option<String> {
+        unpoisoned(&self.keys)
+            .values()
+            .find(|o| o.key == key)
+            .map(|o| o.owner.clone())
+    }
+
+    pub(super) async fn attempt(self: &Arc<Self>, req: &Attempt) -> Result<Outcome> {
+        let prefix = prefix_of(&req.name)?;
+        let lease = self.lease()?;
+        let own = self.own_key(req, &prefix, lease);
+        let mut etcd = self.etcd.clone();
+        // A waiter's key exists already: a read-only transaction looks at
+        // the queue without a write through consensus (etcd sends a
+        // transaction through Raft if either branch writes, taken or not).
+        let known = own.rev.load(Ordering::Acquire) > 0;
+        let txn = if known {
+            Txn::new().and_then([queue_get(&prefix)])
+        } else {
+            Txn::new()
+                .when([Compare::create_revision(
+                    own.key.clone(),
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then([
+                    TxnOp::put(
+                        own.key.clone(),
+                        value_of(req.mode),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                    queue_get(&prefix),
+                ])
+                .or_else([queue_get(&prefix)])
+        };
+        let r = match etcd.txn(txn).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The server let our session lease run out before the
+                // keep-alive noticed: start a new session, then try again.
+                if lease_gone(&e) {
+                    drop_session(self, lease);
+                }
+                return Err(self.err(e));
+            }
+        };
+        let created = !known && r.succeeded();
+        let at = revision(&r);
+        let kvs = own_level(&prefix, gets(&r).pop().unwrap_or_default());
+        let Some(me) = kvs.iter().position(|kv| kv.key() == own.key.as_slice()) else {
+            // Our key is gone (our session ended while we waited, or it
+            // was force-deleted): never act on a queue we are not in.
+            unpoisoned(&self.keys).remove(&req.hold_id);
+            if created {
+                return Err(Error::protocol(format!(
+                    "etcd at {}: a key we just created is missing from its prefix",
+                    self.label
+                )));
+            }
+            return Ok(Outcome::Busy(Blocked {
+                ticket: None,
+                retry_after: Some(Duration::from_millis(1)),
+            }));
+        };
+        let rev = kvs[me].create_revision();
+        own.rev.store(rev, Ordering::Release);
+        let owners: Vec<Option<String>> = kvs.iter().map(|kv| self.owner_of(kv.key())).collect();
+        let wait = waits_for(&queue(&kvs), me, |i| {
+            i != me && owners[i].as_deref() == Some(req.owner_key.as_str())
+        });
+        match wait {
+            Wait::Granted => {
+                if let Some(w) = unpoisoned(&own.watcher).take() {
+                    w.abort();
+                }
+                let (me, id) = (self.clone(), req.hold_id.clone());
+                arm_lease_once(&own.deadline, req.lease, async move {
+                    me.end_patiently(&id, crate::backend::queue::TRIES_WAITED_ON)
+                        .await;
+                });
+                Ok(Outcome::Granted {
+                    token: rev as u64,
+                    session: Some(self.session.clock.bound_of(own.lease)),
+                })
+            }
+            Wait::Refused(theirs) => {
+                self.end_patiently(&req.hold_id, crate::backend::queue::TRIES_WAITED_ON)
+                    .await;
+                let ours = req.mode.permits().1;
+                Ok(Outcome::Refused(permits_differ(
+                    req.name.as_str(),
+                    theirs,
+                    ours,
+                )))
+            }
+            _ if !req.will_wait => {
+                self.end_patiently(&req.hold_id, crate::backend::queue::TRIES_WAITED_ON)
+                    .await;
+                Ok(Outcome::Busy(Blocked {
+                    ticket: None,
+                    retry_after: None,
+                }))
+            }
+            w => {
+                let (key, options) = match w {
+                    Wait::Key(k) => (k, WatchOptions::new()),
+                    _ => (prefix.clone(), WatchOptions::new().with_prefix()),
+                };
+                let options = options
+                    .with_start_revision(at + 1)
+                    .with_filters([WatchFilterType::NoPut]);
+                let wakeups = self.wakeups.clone();
+                let name = req.name.clone();
+                let mut etcd = self.etcd.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut stream) = etcd.watch(key, Some(options)).await {
+                        while let Ok(Some(msg)) = stream.message().await {
+                            if msg.canceled()
+                                || msg
+                                    .events()
+                                    .iter()
+                                    .any(|e| e.event_type() == EventType::Delete)
+                            {
+                                break;
+                            }
+                        }
+                    }
+                    wakeups.bump(name.as_str());
+                });
+                if let Some(old) = unpoisoned(&own.watcher).replace(task) {
+                    old.abort();
+                }
+                Ok(Outcome::Busy(Blocked {
+                    ticket: Some(rev),
+                    retry_after: None,
+                }))
+            }
+        }
+    }
+
+    /// Deletes the key of `hold_id` (hold or place) and forgets it; whether
+    /// the key was still there. On an error the key is kept, to try again.
+    pub(super) async fn end(&self, hold_id: &str) -> Result<bool> {
+        let Some(own) = unpoisoned(&self.keys).get(hold_id).cloned() else {
+            return Ok(false);
+        };
+        let rev = own.rev.load(Ordering::Acquire);
+        let granted = unpoisoned(&own.deadline).is_some();
+        let mut ops = vec![TxnOp::delete(own.key.clone(), None)];
+        if granted {
+            ops.push(record_token(&own.name, rev));
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                own.key.clone(),
+                if rev > 0 {
+                    CompareOp::Equal
+                } else {
+                    CompareOp::Greater
+                },
+                rev,
+            )])
+            .and_then(ops);
+        let mut etcd = self.etcd.clone();
+        let done = etcd.txn(txn).await.map_err(|e| self.err(e))?.succeeded();
+        if rev == 0 && !done {
+            self.haunt(own.key.clone());
+        }
+        unpoisoned(&self.keys).remove(hold_id);
+        if let Some(d) = unpoisoned(&own.deadline).take() {
+            d.send_replace(Instant::now());
+        }
+        self.wakeups.bump(own.name.as_str());
+        Ok(done)
+    }
+
+    /// Watches for a key whose create was given up unanswered: the put
+    /// may still be applied (a proposal the cluster commits after the
+    /// request timed out), and would then sit in its lock's queue on our
+    /// live session, unknown to us, until the client closes. Looked for
+    /// after 1, 3, 9 and 27 request timeouts and deleted if there; the
+    /// name is not reused meanwhile, so what is found is the ghost.
+    pub(super) fn haunt(&self, key: Vec<u8>) {
+        unpoisoned(&self.ghosts).insert(key.clone());
+        let (ghosts, mut etcd, timeout) = (self.ghosts.clone(), self.etcd.clone(), self.timeout);
+        tokio::spawn(async move {
+            let mut wait = timeout;
+            for _ in 0..4 {
+                tokio::time::sleep(wait).await;
+                let delete = Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Greater, 0)])
+                    .and_then([TxnOp::delete(key.clone(), None)]);
+                if let Ok(r) = etcd.txn(delete).await
+                    && r.succeeded()
+                {
+                    tracing::warn!(key = %String::from_utf8_lossy(&key),
+                        "etcd applied a create after it was given up; deleted it");
+                }
+                wait *= 3;
+            }
+            unpoisoned(&ghosts).remove(&key);
+        });
+    }
+
+    /// [`end`](Self::end) in the background's way: transient errors are
+    /// tried again for a while (a leader election), then left to the
+    /// session lease.
+    pub(super) async fn end_patiently(&self, hold_id: &str, tries: u32) {
+        let epoch = self.session.epoch.load(Ordering::Acquire);
+        let same_session = || self.session.epoch.load(Ordering::Acquire) == epoch;
+        crate::backend::queue::retry_transient(|| self.end(hold_id), tries, same_session).await
+    }
+}

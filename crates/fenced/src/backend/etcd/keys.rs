@@ -1,0 +1,77 @@
+//! Key layout: a lock's prefix, its queue, its token record.
+
+use super::*;
+
+pub(super) fn prefix_of(name: &LockName) -> Result<Vec<u8>> {
+    let n = name.as_str();
+    if n.ends_with('/') {
+        return Err(Error::invalid(format!(
+            "lock name {n:?} ends with '/': on etcd the lock is the prefix `{n}/`, which \
+             would nest inside another lock's keys"
+        )));
+    }
+    if n.starts_with(RESERVED) {
+        return Err(Error::invalid(format!(
+            "lock name {n:?} starts with {RESERVED:?}, which fenced keeps for its own \
+             records on etcd ({TOKEN_PREFIX}…, {REGISTER_PREFIX}…)"
+        )));
+    }
+    Ok(format!("{n}/").into_bytes())
+}
+
+/// The keys of a prefix listing that belong to the lock itself: `N/x`, not
+/// `N/b/x`, which is lock `N/b`'s (its prefix `N/b/` starts with `N/`).
+pub(super) fn own_level(prefix: &[u8], mut kvs: Vec<KeyValue>) -> Vec<KeyValue> {
+    kvs.retain(|kv| {
+        kv.key()
+            .get(prefix.len()..)
+            .is_some_and(|rest| !rest.contains(&b'/'))
+    });
+    kvs
+}
+
+pub(super) fn queue_get(prefix: &[u8]) -> TxnOp {
+    TxnOp::get(
+        prefix.to_vec(),
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend),
+        ),
+    )
+}
+
+pub(super) fn token_key(name: &LockName) -> Vec<u8> {
+    format!("{TOKEN_PREFIX}{}", name.as_str()).into_bytes()
+}
+
+/// Keeps the largest released token at `fenced.token/N` (nested in a
+/// release's transaction).
+pub(super) fn record_token(name: &LockName, token: i64) -> TxnOp {
+    let k = token_key(name);
+    let v = format!("{token:020}");
+    TxnOp::txn(
+        Txn::new()
+            .when([Compare::version(k.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(k.clone(), v.clone(), None)])
+            .or_else([TxnOp::txn(
+                Txn::new()
+                    .when([Compare::value(k.clone(), CompareOp::Less, v.clone())])
+                    .and_then([TxnOp::put(k, v, None)]),
+            )]),
+    )
+}
+
+pub(super) fn gets(r: &etcd_client::TxnResponse) -> Vec<Vec<KeyValue>> {
+    r.op_responses()
+        .into_iter()
+        .filter_map(|o| match o {
+            TxnOpResponse::Get(g) => Some(g.kvs().to_vec()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub(super) fn revision(r: &etcd_client::TxnResponse) -> i64 {
+    r.header().map_or(0, |h| h.revision())
+}

@@ -1,0 +1,245 @@
+//! `etcd://h1:2379,h2:2379,h3:2379?lease_ttl=10s`: etcd v3, in the layout
+//! of etcd's `concurrency.Mutex` (what `etcdctl lock NAME` uses).
+//!
+//! # Layout
+//!
+//! - **Session**: one etcd lease per client (`lease_ttl`, default 10 s),
+//!   kept alive every TTL/3. Every key of the client is attached to it, so
+//!   a client that dies, or is cut off past the TTL, loses its keys on the
+//!   server and its waiters' places too. A new session lease is granted
+//!   when the old one is gone; holds of the old one fire their lost signal.
+//! - **Lock `N`**: the keys under the prefix `N/`, one per hold or waiter:
+//!   `N/<session lease id in lowercase hex>` (a second concurrent hold of
+//!   the same client on `N` adds `_<k>`), attached to the session lease.
+//!   The value is empty for an exclusive hold (as `etcdctl lock` writes
+//!   it), `fenced:r` for a read hold and `fenced:p:<take>:<max>` for
+//!   semaphore permits; a key fenced does not know counts as exclusive.
+//! - **Order**: keys queue by create revision, and a key is granted when
+//!   nothing ahead of it conflicts: for an exclusive key, no key ahead;
+//!   for a read key, no exclusive key ahead; for permits, only permit keys
+//!   ahead, taking with it no more than the permits. Every lock is thus
+//!   FIFO, and `fair` changes nothing. A try (no wait) that is not granted
+//!   deletes its key at once.
+//! - **Waiting**: a waiter watches only the key it waits for (the key just
+//!   before it, or the last exclusive key before a reader) for deletion,
+//!   from the revision it read, so a release between the read and the
+//!   watch is not missed; a semaphore waiter watches the prefix for
+//!   deletions. Each look at the queue checks that the waiter's own key
+//!   still exists (the bug Jepsen found in etcd 3.4.3: a waiter whose
+//!   session expired must not take the lock on a stale view).
+//! - **Fencing token**: the create revision of the hold's key, which etcd
+//!   raises on every write to the cluster. The highest token of a released
+//!   hold is kept at `fenced.token/N` (20 decimal digits) for `status`.
+//! - **Elections** are `concurrency.Election`'s layout, which is the
+//!   mutex's: the leader is the key with the lowest create revision under
+//!   `N/`, and it proclaims by writing its value into that key, guarded by
+//!   its create revision (`etcdctl elect` campaigns and observes it). The
+//!   values `fenced:r` and `fenced:p:…` are reserved for read and permit
+//!   keys.
+//! - **Fenced registers** are `fenced.register/N`: 20 digits of fence, `:`,
+//!   the value; written by compare-and-set on the key's mod revision.
+//!
+//! Per-hold leases shorter than the session are kept by this client (a
+//! hold whose lease ends without a renewal deletes its key); a client that
+//! dies frees its holds when its session lease ends.
+
+use crate::backend::queue::{Wait, decode_register, grants, register_cas, waits_for};
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::spi::endpoints::Endpoints;
+use crate::spi::grant::permits_differ;
+use crate::spi::lease::arm_lease_once;
+use crate::spi::lease::{SessionClock, believed_until};
+use crate::spi::sync::unpoisoned;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, ElectionLayout, HoldRef, HolderInfo, LockBackend,
+    LockStatus, Mode, Outcome, RegisterValue, Renewal, Store, Ticket,
+};
+use etcd_client::{
+    Client as Etcd, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+mod attempt;
+mod holds;
+mod keys;
+mod session;
+mod store;
+use keys::*;
+use session::*;
+
+const DEFAULT_PORT: u16 = 2379;
+const DEFAULT_TTL: Duration = Duration::from_secs(10);
+const PARAMS: &[&str] = &["lease_ttl", "timeout"];
+const TOKEN_PREFIX: &str = "fenced.token/";
+/// What no lock name may start with on etcd: fenced's own records.
+const RESERVED: &str = "fenced.";
+const REGISTER_PREFIX: &str = "fenced.register/";
+
+/// How a key holds, from its value.
+fn mode_of(v: &[u8]) -> Mode {
+    if v == b"fenced:r" {
+        return Mode::Shared;
+    }
+    if let Some(rest) = v.strip_prefix(b"fenced:p:")
+        && let Ok(rest) = std::str::from_utf8(rest)
+        && let Some((take, max)) = rest.split_once(':')
+        && let (Ok(take), Ok(max)) = (take.parse(), max.parse())
+    {
+        return Mode::Permits { take, max };
+    }
+    Mode::Exclusive
+}
+
+fn value_of(mode: Mode) -> Vec<u8> {
+    match mode {
+        Mode::Exclusive => Vec::new(),
+        Mode::Shared => b"fenced:r".to_vec(),
+        Mode::Permits { take, max } => format!("fenced:p:{take}:{max}").into_bytes(),
+    }
+}
+
+/// The queue of a prefix listing: each key and how it holds.
+fn queue(kvs: &[KeyValue]) -> Vec<(&[u8], Mode)> {
+    kvs.iter()
+        .map(|kv| (kv.key(), mode_of(kv.value())))
+        .collect()
+}
+
+/// One key of this client: a hold, or a waiter's place.
+struct OwnKey {
+    key: Vec<u8>,
+    name: LockName,
+    owner: String,
+    /// The session lease the key is attached to.
+    lease: i64,
+    /// Its create revision once known (the token when granted).
+    rev: AtomicI64,
+    /// Set when granted: the lease deadline renewals move.
+    deadline: Mutex<Option<watch::Sender<Instant>>>,
+    /// The watch that wakes this waiter.
+    watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for OwnKey {
+    fn drop(&mut self) {
+        if let Some(w) = unpoisoned(&self.watcher).take() {
+            w.abort();
+        }
+    }
+}
+
+/// The client's session lease.
+struct Session {
+    /// The live lease id, 0 while there is none.
+    lease: AtomicI64,
+    ttl: i64,
+    /// Bumped when the lease changes.
+    epoch: AtomicU64,
+    /// Until when the server is known to keep the lease: the send time
+    /// of the last keep-alive it answered, plus the TTL it granted, less
+    /// the drift holds allow for. Every hold of the lease is believed no
+    /// longer than this (see `core::hold`).
+    clock: SessionClock<i64>,
+}
+
+pub(crate) struct EtcdBackend {
+    inner: Arc<Inner>,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+struct Inner {
+    etcd: Etcd,
+    label: String,
+    /// `etcd://` and the endpoints, sorted.
+    identity: String,
+    /// How long one request may take (`timeout=`).
+    timeout: Duration,
+    wakeups: Arc<Wakeups>,
+    session: Session,
+    /// hold id → key.
+    keys: Mutex<HashMap<String, Arc<OwnKey>>>,
+    /// Keys whose create went out unanswered and was then given up: the
+    /// server may yet apply it (a proposal that outlived its request), so
+    /// the name stays out of use while it is watched for (see `haunt`).
+    ghosts: Arc<Mutex<HashSet<Vec<u8>>>>,
+    next_suffix: AtomicU64,
+}
+
+impl Drop for EtcdBackend {
+    fn drop(&mut self) {
+        self.keeper.abort();
+    }
+}
+
+impl EtcdBackend {
+    pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
+        let mut ep = Endpoints::parse(url, DEFAULT_PORT)?;
+        let label = ep.redacted().to_owned();
+        let ttl = ep.take_duration("lease_ttl")?.unwrap_or(DEFAULT_TTL);
+        if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(3600) {
+            return Err(Error::invalid(format!(
+                "lease_ttl={ttl:?} in {label:?}: etcd leases count whole seconds, from 1 s to 1 h"
+            )));
+        }
+        let timeout = ep.take_timeout()?;
+        ep.finish(PARAMS)?;
+        if !ep.path.is_empty() {
+            return Err(Error::invalid(format!(
+                "{label:?}: an etcd URL has no path (lock names are etcd key prefixes)"
+            )));
+        }
+        let endpoints: Vec<String> = (0..ep.hosts.len())
+            .map(|i| format!("http://{}", ep.addr(i)))
+            .collect();
+        let mut opts = ConnectOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout);
+        if let Some(user) = &ep.user {
+            opts = opts.with_user(user.clone(), ep.password.clone().unwrap_or_default());
+        }
+        let mut etcd = Etcd::connect(&endpoints, Some(opts))
+            .await
+            .map_err(|e| map_err(&label, e))?;
+        let ttl_s = ttl.as_secs_f64().ceil() as i64;
+        let granted = Instant::now();
+        let first = etcd
+            .lease_grant(ttl_s, None)
+            .await
+            .map_err(|e| map_err(&label, e))?;
+        let mut hosts: Vec<String> = endpoints
+            .iter()
+            .map(|e| e.trim_start_matches("http://").to_ascii_lowercase())
+            .collect();
+        hosts.sort();
+        hosts.dedup();
+        let inner = Arc::new(Inner {
+            etcd,
+            label,
+            identity: format!("etcd://{}", hosts.join(",")),
+            timeout,
+            wakeups,
+            session: Session {
+                lease: AtomicI64::new(first.id()),
+                ttl: first.ttl().max(ttl_s),
+                epoch: AtomicU64::new(0),
+                clock: SessionClock::new(
+                    first.id(),
+                    believed_until(granted, Duration::from_secs(first.ttl().max(1) as u64)),
+                ),
+            },
+            keys: Mutex::new(HashMap::new()),
+            ghosts: Arc::default(),
+            next_suffix: AtomicU64::new(1),
+        });
+        let keeper = tokio::spawn(keep_alive(inner.clone(), granted));
+        Ok(Arc::new(EtcdBackend { inner, keeper }))
+    }
+}

@@ -1,0 +1,172 @@
+//! Registers, and `concurrency.Election`'s layout.
+
+use super::*;
+
+impl Store for EtcdBackend {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+        Box::pin(async move { Ok(self.inner.register_get(name).await?.map(|(v, f, _)| (v, f))) })
+    }
+
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.inner.register_change(name, move |old| {
+            let seen = old.map_or(0, |(_, f)| f);
+            match fence {
+                Some(f) if f < seen => Ok(None),
+                Some(f) => Ok(Some((value.to_vec(), f))),
+                None => Ok(Some((value.to_vec(), seen))),
+            }
+        }))
+    }
+
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.inner.register_change(name, move |old| {
+            let seen = old.map_or(0, |(_, f)| f);
+            if seen != expected {
+                return Ok(None);
+            }
+            Ok(Some((
+                value.to_vec(),
+                crate::spi::codec::next_version(name, expected)?,
+            )))
+        }))
+    }
+
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
+        Box::pin(async move {
+            let mut after = None;
+            let changed = self
+                .inner
+                .register_change(name, |old| {
+                    let Some((v, f)) = old else { return Ok(None) };
+                    let n = crate::spi::codec::parse_i64(name, v)?;
+                    if n < by {
+                        after = None;
+                        return Ok(None);
+                    }
+                    after = Some(n - by);
+                    Ok(Some(((n - by).to_string().into_bytes(), f)))
+                })
+                .await?;
+            Ok(if changed { after } else { None })
+        })
+    }
+}
+
+impl ElectionLayout for EtcdBackend {
+    fn proclaim<'a>(
+        &'a self,
+        hold: &'a HoldRef,
+        token: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let Some(own) = unpoisoned(&inner.keys).get(&hold.hold_id).cloned() else {
+                return Ok(false);
+            };
+            // concurrency.Election's proclaim: the leader's own key, while
+            // its create revision is still the leadership's.
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    own.key.clone(),
+                    CompareOp::Equal,
+                    token as i64,
+                )])
+                .and_then([TxnOp::put(
+                    own.key.clone(),
+                    value.to_vec(),
+                    Some(PutOptions::new().with_lease(own.lease)),
+                )]);
+            let mut etcd = inner.etcd.clone();
+            let r = etcd.txn(txn).await.map_err(|e| inner.err(e))?;
+            Ok(r.succeeded())
+        })
+    }
+
+    fn leader<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<crate::spi::LeaderValue>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let mut etcd = inner.etcd.clone();
+            let prefix = prefix_of(name)?;
+            // No limit: a nested lock's keys may come first, and are not this one's.
+            let got = etcd
+                .get(
+                    prefix.clone(),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend),
+                    ),
+                )
+                .await
+                .map_err(|e| inner.err(e))?;
+            let kvs = own_level(&prefix, got.kvs().to_vec());
+            Ok(kvs
+                .first()
+                .map(|kv| (kv.value().to_vec(), kv.create_revision() as u64)))
+        })
+    }
+}
+
+impl Backend for EtcdBackend {
+    fn election(&self) -> Option<&dyn ElectionLayout> {
+        Some(self)
+    }
+}
+
+impl Inner {
+    pub(super) fn register_key(name: &LockName) -> Vec<u8> {
+        format!("{REGISTER_PREFIX}{}", name.as_str()).into_bytes()
+    }
+
+    /// The register's value, fence and mod revision.
+    pub(super) async fn register_get(
+        &self,
+        name: &LockName,
+    ) -> Result<Option<(Vec<u8>, u64, i64)>> {
+        let mut etcd = self.etcd.clone();
+        let got = etcd
+            .get(Self::register_key(name), None)
+            .await
+            .map_err(|e| self.err(e))?;
+        let Some(kv) = got.kvs().first() else {
+            return Ok(None);
+        };
+        let (value, fence) = decode_register(name, kv.value())?;
+        Ok(Some((value, fence, kv.mod_revision())))
+    }
+
+    /// Changes the register by compare-and-set on its mod revision.
+    pub(super) async fn register_change<F>(&self, name: &LockName, decide: F) -> Result<bool>
+    where
+        F: FnMut(Option<(&[u8], u64)>) -> Result<Option<(Vec<u8>, u64)>>,
+    {
+        let key = Self::register_key(name);
+        let write = |seen: Option<i64>, raw: Vec<u8>| {
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    seen.unwrap_or(0),
+                )])
+                .and_then([TxnOp::put(key.clone(), raw, None)]);
+            let mut etcd = self.etcd.clone();
+            async move { Ok(etcd.txn(txn).await.map_err(|e| self.err(e))?.succeeded()) }
+        };
+        register_cas(name, || self.register_get(name), write, decide).await
+    }
+}

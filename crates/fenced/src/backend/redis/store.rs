@@ -1,0 +1,152 @@
+//! Registers, and raising a name's token floor.
+
+use super::*;
+
+impl RedisBackend {
+    /// Raises the fencing counter of `name` to at least `token`.
+    pub(super) async fn raise(&self, name: &LockName, token: u64) -> Result<()> {
+        let k = Keys::of(name)?;
+        self.node
+            .run(|mut c| async move {
+                self.scripts
+                    .raise
+                    .key(&k.counter)
+                    .arg(token)
+                    .invoke_async::<()>(&mut c)
+                    .await
+            })
+            .await
+    }
+
+    pub(super) async fn register_read_inner(&self, name: &LockName) -> Result<RegisterValue> {
+        let k = Keys::of(name)?;
+        let (v, f): (Option<Vec<u8>>, Option<u64>) = self
+            .node
+            .run(|mut c| async move {
+                redis::cmd("HMGET")
+                    .arg(&k.register)
+                    .arg("v")
+                    .arg("f")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(v.map(|v| (v, f.unwrap_or(0))))
+    }
+
+    pub(super) async fn register_write_inner(
+        &self,
+        name: &LockName,
+        fence: Option<u64>,
+        value: &[u8],
+    ) -> Result<bool> {
+        let k = Keys::of(name)?;
+        let fence = fence.map(|f| f.to_string()).unwrap_or_default();
+        let n: i64 = self
+            .node
+            .run(|mut c| async move {
+                self.scripts
+                    .register_write
+                    .key(&k.register)
+                    .arg(fence)
+                    .arg(value)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    pub(super) async fn register_swap_inner(
+        &self,
+        name: &LockName,
+        expected: u64,
+        value: &[u8],
+    ) -> Result<bool> {
+        if expected >= EXACT_IN_LUA {
+            return Err(Error::invalid(format!(
+                "version {expected} of {:?} is beyond what Redis counts exactly (2^53)",
+                name.as_str()
+            )));
+        }
+        let k = Keys::of(name)?;
+        let n: i64 = self
+            .node
+            .run(|mut c| async move {
+                self.scripts
+                    .register_swap
+                    .key(&k.register)
+                    .arg(expected)
+                    .arg(value)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    pub(super) async fn register_decrement_inner(
+        &self,
+        name: &LockName,
+        by: i64,
+    ) -> Result<Option<i64>> {
+        if by.unsigned_abs() > EXACT_IN_LUA {
+            return Err(Error::invalid(format!(
+                "cannot decrement {:?} by {by}: beyond what Redis counts exactly (2^53)",
+                name.as_str()
+            )));
+        }
+        let k = Keys::of(name)?;
+        self.node
+            .run(|mut c| async move {
+                self.scripts
+                    .register_decrement
+                    .key(&k.register)
+                    .arg(by)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await
+            .map_err(|e| {
+                if e.to_string().contains("FENCED_NOT_INTEGER") {
+                    Error::protocol(format!(
+                        "register {:?} does not hold a decimal integer Redis counts exactly (at most 2^53 either way)",
+                        name.as_str()
+                    ))
+                } else {
+                    e
+                }
+            })
+    }
+}
+impl Store for RedisBackend {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+        Box::pin(self.register_read_inner(name))
+    }
+
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.register_write_inner(name, fence, value))
+    }
+
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.register_swap_inner(name, expected, value))
+    }
+
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
+        Box::pin(self.register_decrement_inner(name, by))
+    }
+}

@@ -1,0 +1,214 @@
+//! One try: the one-call grant function, else one transaction.
+
+use super::*;
+
+impl MySqlBackend {
+    pub(super) async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
+        // Dropped since we opened, or made by a role that did not grant us
+        // EXECUTE (ER_SP_DOES_NOT_EXIST, ER_PROCACCESS_DENIED_ERROR).
+        let gone = |e: &sqlx::Error| matches!(error_number(e), Some(1305 | 1370));
+        let fast = crate::backend::sql::try_fast_grant(
+            &self.fast,
+            req,
+            self.call_try_grant(req),
+            is_conflict,
+            gone,
+        );
+        if let Some(o) = fast.await.map_err(|e| self.db(e))? {
+            return Ok(o);
+        }
+        let mut tries = 0;
+        loop {
+            match self.attempt_tx(req).await {
+                Err(e) if is_conflict(&e) && tries < 10 => tries += 1,
+                Err(e) => return Err(self.db(e)),
+                Ok((o, changed)) => {
+                    if changed {
+                        self.ring(req.name.as_str()).await;
+                    }
+                    return Ok(o);
+                }
+            }
+        }
+    }
+
+    /// [`TRY_GRANT`]: the token of a grant in one round trip, or `None`
+    /// when the full transaction must decide.
+    pub(super) async fn call_try_grant(
+        &self,
+        req: &Attempt,
+    ) -> std::result::Result<Option<i64>, sqlx::Error> {
+        let (take, max) = req.mode.permits();
+        sqlx::query_scalar(TRY_GRANT)
+            .bind(req.name.as_str())
+            .bind(&req.hold_id)
+            .bind(&req.owner_key)
+            .bind(req.mode.code() as i16)
+            .bind(take as i32)
+            .bind(max as i32)
+            .bind(ms(req.lease))
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    pub(super) async fn attempt_tx(
+        &self,
+        req: &Attempt,
+    ) -> std::result::Result<(Outcome, bool), sqlx::Error> {
+        let name = req.name.as_str();
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let c: &mut MySqlConnection = &mut tx;
+        sqlx::query(LOCK_NAME).bind(name).execute(&mut *c).await?;
+        let row = sqlx::query(READ_NAME).bind(name).fetch_one(&mut *c).await?;
+        let last: i64 = row.try_get("token")?;
+        let now_us: i64 = row.try_get("now_us")?;
+        let now: i64 = row.try_get("now_ms")?;
+        let purged = sqlx::query(PURGE_HOLDS)
+            .bind(name)
+            .bind(now)
+            .execute(&mut *c)
+            .await?;
+        let mut changed = purged.rows_affected() > 0;
+        sqlx::query(PURGE_WAITERS)
+            .bind(name)
+            .bind(now)
+            .execute(&mut *c)
+            .await?;
+        let rows = sqlx::query(SELECT_HOLDS)
+            .bind(name)
+            .bind(now)
+            .fetch_all(&mut *c)
+            .await?;
+        let holds = rows
+            .iter()
+            .map(|r| hold_row(r, now))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        // A retry of an attempt whose commit went through but whose answer
+        // was lost: the grant stands (as the Redis script has it).
+        if let Some(h) = holds.iter().find(|h| h.hold_id == req.hold_id) {
+            let token = h.token as u64;
+            tx.commit().await?;
+            return Ok((Outcome::granted(token), changed));
+        }
+        let (mine, ahead) = if req.fair || req.ticket.is_some() {
+            let t = req.ticket.unwrap_or(i64::MAX);
+            let q = sqlx::query(QUEUE)
+                .bind(t)
+                .bind(name)
+                .bind(name)
+                .bind(t)
+                .fetch_one(&mut *c)
+                .await?;
+            let mine = (q.try_get::<i64, _>("mine")? == 1)
+                .then_some(())
+                .and(req.ticket);
+            (mine, q.try_get::<i64, _>("ahead")? == 1)
+        } else {
+            (None, false)
+        };
+        let held = holds.iter().map(|h| Held {
+            owner_key: &h.owner,
+            mode: h.mode,
+        });
+        let decision = grantable(held, &req.owner_key, req.mode, req.fair, ahead);
+        let outcome = if let Err(theirs) = decision {
+            Outcome::Refused(permits_differ(name, theirs, req.mode.permits().1))
+        } else if decision == Ok(true) {
+            let token = last.saturating_add(1).max(now_us);
+            sqlx::query(SET_TOKEN)
+                .bind(token)
+                .bind(name)
+                .execute(&mut *c)
+                .await?;
+            let (take, max) = req.mode.permits();
+            sqlx::query(INSERT_HOLD)
+                .bind(&req.hold_id)
+                .bind(name)
+                .bind(&req.owner_key)
+                .bind(req.mode.code() as i16)
+                .bind(take as i32)
+                .bind(max as i32)
+                .bind(token)
+                .bind(now.saturating_add(ms(req.lease)))
+                .execute(&mut *c)
+                .await?;
+            if let Some(t) = mine {
+                sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
+                changed |= req.fair;
+            }
+            Outcome::granted(token as u64)
+        } else {
+            let expires = now + ms(QUEUE_TTL);
+            let bell = self.bell.load(Ordering::Acquire);
+            let ticket = match (mine, req.will_wait) {
+                (Some(t), _) => {
+                    sqlx::query(REFRESH_TICKET)
+                        .bind(expires)
+                        .bind(bell)
+                        .bind(t)
+                        .execute(&mut *c)
+                        .await?;
+                    Some(t)
+                }
+                (None, true) => {
+                    let r = sqlx::query(INSERT_WAITER)
+                        .bind(name)
+                        .bind(i8::from(req.fair))
+                        .bind(bell)
+                        .bind(expires)
+                        .execute(&mut *c)
+                        .await?;
+                    Some(r.last_insert_id() as i64)
+                }
+                (None, false) => None,
+            };
+            let retry_after = holds
+                .iter()
+                .map(|h| Duration::from_millis(h.left_ms.max(1) as u64))
+                .min();
+            Outcome::Busy(Blocked {
+                ticket,
+                retry_after,
+            })
+        };
+        tx.commit().await?;
+        Ok((outcome, changed))
+    }
+
+    /// Wakes the oldest waiter of `name` (and this client's own waiters).
+    pub(super) async fn ring(&self, name: &str) {
+        self.wakeups.bump(name);
+        let rows = match sqlx::query(BELLS).bind(name).fetch_all(&self.pool).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not list waiters; they will look again on their own");
+                return;
+            }
+        };
+        let mine = self.bell.load(Ordering::Acquire);
+        for row in rows {
+            let Ok(bell) = row.try_get::<i64, _>("bell") else {
+                continue;
+            };
+            if bell == mine {
+                return;
+            }
+            if bell > 0 {
+                let kill = format!("KILL QUERY {bell}");
+                if sqlx::query(sqlx::AssertSqlSafe(kill))
+                    .execute(&self.pool)
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+            // Nobody answers there any more: forget those waiters.
+            let _ = sqlx::query(FORGET_BELL)
+                .bind(bell)
+                .execute(&self.pool)
+                .await;
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The lock backend: attempts, renewals, releases and status.
+
+use super::*;
+
+impl LockBackend for MySqlBackend {
+    fn scheme(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(self.attempt_inner(req))
+    }
+
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(holds.len());
+            // One statement per lease length (usually one), each over a
+            // batch of ids; then which of them are live.
+            for chunk in holds.chunks(500) {
+                let marks = vec!["?"; chunk.len()].join(", ");
+                let mut leases: Vec<i64> = chunk.iter().map(|h| ms(h.lease)).collect();
+                leases.sort_unstable();
+                leases.dedup();
+                for lease in leases {
+                    let ids: Vec<&str> = chunk
+                        .iter()
+                        .filter(|h| ms(h.lease) == lease)
+                        .map(|h| h.hold_id.as_str())
+                        .collect();
+                    let sql = format!(
+                        "UPDATE fenced_holds SET expires_ms = {NOW_MS} + ? \
+                         WHERE expires_ms > {NOW_MS} AND hold_id IN ({})",
+                        vec!["?"; ids.len()].join(", ")
+                    );
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(lease);
+                    for id in ids {
+                        q = q.bind(id);
+                    }
+                    q.execute(&self.pool).await.map_err(|e| self.db(e))?;
+                }
+                let sql = format!(
+                    "SELECT hold_id FROM fenced_holds WHERE expires_ms > {NOW_MS} \
+                     AND hold_id IN ({marks})"
+                );
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for h in chunk {
+                    q = q.bind(h.hold_id.as_str());
+                }
+                let rows = q.fetch_all(&self.pool).await.map_err(|e| self.db(e))?;
+                let live: std::collections::HashSet<String> = rows
+                    .iter()
+                    .filter_map(|r| r.try_get::<String, _>("hold_id").ok())
+                    .collect();
+                out.extend(
+                    chunk
+                        .iter()
+                        .map(|h| Renewal::from(live.contains(&h.hold_id))),
+                );
+            }
+            Ok(out)
+        })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn identity(&self) -> String {
+        self.identity.clone()
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            // Read the whole reply: MariaDB sends a RETURNING row before the
+            // statement has finished, and a deadlock after it rolls the
+            // delete back. fetch_optional would stop at the row and report
+            // a release that did not happen (the error then surfaced only
+            // when the pool tested the connection).
+            let mut tries = 0;
+            let rows = loop {
+                match sqlx::query(RELEASE)
+                    .bind(&hold.hold_id)
+                    .fetch_all(&self.pool)
+                    .await
+                {
+                    Err(e) if is_conflict(&e) && tries < 10 => tries += 1,
+                    r => break r.map_err(|e| self.db(e))?,
+                }
+            };
+            let Some(row) = rows.into_iter().next() else {
+                return Ok(false);
+            };
+            self.ring(hold.name.as_str()).await;
+            Ok(row.try_get::<i64, _>("live").map_err(|e| self.db(e))? == 1)
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        name: &'a LockName,
+        ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let mut changed = false;
+            if let Some(t) = ticket {
+                let r = sqlx::query(ABANDON_TICKET)
+                    .bind(t)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| self.db(e))?;
+                changed |= r.rows_affected() > 0;
+            }
+            let r = sqlx::query(ABANDON_HOLD)
+                .bind(hold_id)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            changed |= r.rows_affected() > 0;
+            if changed {
+                self.ring(name.as_str()).await;
+            }
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let rows = sqlx::query(STATUS_HOLDS)
+                .bind(name.as_str())
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            let mut holders = Vec::new();
+            for r in &rows {
+                let now: i64 = r.try_get("now_ms").map_err(|e| self.db(e))?;
+                let h = hold_row(r, now).map_err(|e| self.db(e))?;
+                if h.left_ms > 0 {
+                    holders.push(HolderInfo {
+                        owner: h.owner,
+                        mode: h.mode,
+                        token: h.token as u64,
+                        lease_left: Duration::from_millis(h.left_ms as u64),
+                    });
+                }
+            }
+            let row = sqlx::query(STATUS_REST)
+                .bind(name.as_str())
+                .bind(name.as_str())
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            Ok(LockStatus {
+                holders,
+                waiters: row.try_get::<i64, _>("waiters").map_err(|e| self.db(e))? as usize,
+                last_token: row.try_get::<i64, _>("token").map_err(|e| self.db(e))? as u64,
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let r = sqlx::query(FORCE)
+                .bind(name.as_str())
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            self.ring(name.as_str()).await;
+            Ok(r.rows_affected() as usize)
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(d) = &self.doorbell {
+                d.abort();
+            }
+            self.pool.close().await;
+        })
+    }
+}

@@ -1,0 +1,379 @@
+//! `mysql://user:pass@host:3306/db` (also `mariadb://`): a lease table in
+//! MariaDB ≥ 10.5 (it uses `DELETE … RETURNING`).
+//!
+//! # Layout
+//!
+//! [`SCHEMA`], created on first use under `GET_LOCK('fenced_schema')`:
+//! the same four tables as the PostgreSQL backend, with names as
+//! `VARBINARY` (compared byte for byte: no case folding, no trailing-space
+//! padding) and times as milliseconds of the **database's** clock
+//! (`SYSDATE(3)`), never a client's.
+//!
+//! `?mode=advisory` is the other mode, in
+//! [`mysql_advisory`](crate::backend::sql::mysql_advisory).
+//!
+//! Every grant is one `READ COMMITTED` transaction that first locks the
+//! name's `fenced_locks` row, so acquirers of one name are serialised
+//! whatever the server's default isolation, then applies the grant rule
+//! every backend shares ([`grantable`]).
+//!
+//! # Wake-ups without polling
+//!
+//! MySQL has no NOTIFY. Each client keeps one *doorbell* connection
+//! waiting on the server in `GET_LOCK` for a lock that a second connection
+//! of the client (its anchor) holds; a blocked acquirer records the
+//! doorbell's connection id in `fenced_waiters`. After a change, the
+//! releaser runs `KILL QUERY <id>` for the oldest waiter, which ends that
+//! wait at once; the woken client looks again. A ring that lands while a
+//! doorbell re-arms is lost, and a holder that dies rings nothing, so
+//! waiters also look again when the first lease in their way ends. `KILL
+//! QUERY` of one's own user's connections needs no privilege.
+//!
+//! Connection ids start again from 1 when the server restarts, while the
+//! waiters' rows survive it: a ring must never reach a connection that
+//! took over an old doorbell's id. So each doorbell holds the user lock
+//! `fenced_doorbell:<its connection id>` for as long as it lives, and a
+//! releaser rings only ids whose lock is held by that very connection.
+
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::spi::grant::{Held, grantable, permits_differ};
+use crate::spi::lease::QUEUE_TTL;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Store, Ticket,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::{Connection, MySqlConnection, Row};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+mod attempt;
+mod doorbell;
+mod holds;
+mod queries;
+mod store;
+use doorbell::*;
+use queries::*;
+
+pub(crate) struct MySqlBackend {
+    pool: MySqlPool,
+    label: String,
+    /// `mysql://host:port/database`, whatever URL named it.
+    identity: String,
+    /// How long one request may take (`timeout=`).
+    timeout: Duration,
+    wakeups: Arc<Wakeups>,
+    /// The connection id of this client's doorbell.
+    bell: Arc<AtomicI64>,
+    /// None in advisory mode, whose waiters the server itself wakes.
+    doorbell: Option<tokio::task::JoinHandle<()>>,
+    /// Whether `fenced_try_grant` exists (see [`TRY_GRANT_DDL`]).
+    fast: AtomicBool,
+}
+
+impl Drop for MySqlBackend {
+    fn drop(&mut self) {
+        if let Some(d) = &self.doorbell {
+            d.abort();
+        }
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+impl MySqlBackend {
+    /// Where this backend's waiters are woken (shared with the advisory
+    /// backend built on it).
+    pub(crate) fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.wakeups
+    }
+
+    pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
+        let label = crate::spi::endpoints::redact(url);
+        let mut parsed = url::Url::parse(url)
+            .map_err(|e| Error::invalid(format!("bad MySQL URL {label:?}: {e}")))?;
+        if parsed.scheme() == "mariadb" {
+            let _ = parsed.set_scheme("mysql");
+        }
+        let mut pool_size: u32 = 8;
+        let mut advisory = false;
+        let mut timeout = crate::spi::DEFAULT_TIMEOUT;
+        let mut kept = Vec::new();
+        for (k, v) in parsed.query_pairs() {
+            match k.as_ref() {
+                "timeout" => timeout = crate::spi::endpoints::parse_timeout(&v, &label)?,
+                "pool" => {
+                    pool_size = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=1000).contains(n))
+                        .ok_or_else(|| {
+                            Error::invalid(format!(
+                                "pool={v:?} in {label:?}: a number from 1 to 1000"
+                            ))
+                        })?;
+                }
+                "mode" => {
+                    advisory = match v.as_ref() {
+                        "advisory" => true,
+                        "lease" => false,
+                        _ => {
+                            return Err(Error::invalid(format!(
+                                "mode={v:?} in {label:?}: `lease` (the default, a lease \
+                                 table) or `advisory` (GET_LOCK session locks)"
+                            )));
+                        }
+                    };
+                }
+                _ => kept.push((k.into_owned(), v.into_owned())),
+            }
+        }
+        parsed.set_query(None);
+        if !kept.is_empty() {
+            parsed.query_pairs_mut().extend_pairs(&kept);
+        }
+        let opts = MySqlConnectOptions::from_str(parsed.as_str())
+            .map_err(|e| Error::invalid(format!("bad MySQL URL {label:?}: {e}")).with_source(e))?;
+        let table =
+            Self::connect(label, opts.clone(), pool_size, !advisory, timeout, wakeups).await?;
+        if advisory {
+            return crate::backend::sql::mysql_advisory::MySqlAdvisory::open(Arc::new(table), opts)
+                .await;
+        }
+        Ok(Arc::new(table))
+    }
+
+    /// The lease table's pool (with the schema in place), and the doorbell
+    /// if `doorbell`.
+    async fn connect(
+        label: String,
+        opts: MySqlConnectOptions,
+        pool_size: u32,
+        doorbell: bool,
+        timeout: Duration,
+        wakeups: Arc<Wakeups>,
+    ) -> Result<MySqlBackend> {
+        let identity = format!(
+            "mysql://{}:{}/{}",
+            opts.get_host(),
+            opts.get_port(),
+            opts.get_database().unwrap_or("")
+        );
+        // A wait for a row lock gives up no later than the client does
+        // (the setting counts whole seconds).
+        let lock_wait = timeout.as_secs().max(1);
+        let pool = MySqlPoolOptions::new()
+            .max_connections(pool_size)
+            .acquire_timeout(timeout)
+            .test_before_acquire(false)
+            .before_acquire(|c, meta| Box::pin(crate::backend::sql::still_there(c, meta)))
+            // Once per connection rather than a round trip per grant: every
+            // transaction of ours runs READ COMMITTED, whatever the server's
+            // default.
+            .after_connect(move |c, _| {
+                Box::pin(async move {
+                    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .execute(&mut *c)
+                        .await?;
+                    let wait = format!("SET SESSION innodb_lock_wait_timeout = {lock_wait}");
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(wait))
+                        .execute(c)
+                        .await
+                        .map(drop)
+                })
+            })
+            .connect_with(opts.clone())
+            .await
+            .map_err(|e| db(&label, e))?;
+        let fast;
+        {
+            let mut c = pool.acquire().await.map_err(|e| db(&label, e))?;
+            sqlx::query("SELECT GET_LOCK('fenced_schema', 30)")
+                .execute(&mut *c)
+                .await
+                .map_err(|e| db(&label, e))?;
+            for t in SCHEMA {
+                if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(*t)).execute(&mut *c).await {
+                    let _ = sqlx::query("SELECT RELEASE_LOCK('fenced_schema')")
+                        .execute(&mut *c)
+                        .await;
+                    return Err(db(&label, e));
+                }
+            }
+            // CREATE FUNCTION is not a preparable statement: text protocol.
+            fast = match sqlx::raw_sql(TRY_GRANT_DDL).execute(&mut *c).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(
+                        server = %label,
+                        error = %e,
+                        "cannot create the function fenced_try_grant: every acquire takes \
+                         the full transaction"
+                    );
+                    false
+                }
+            };
+            sqlx::query("SELECT RELEASE_LOCK('fenced_schema')")
+                .execute(&mut *c)
+                .await
+                .map_err(|e| db(&label, e))?;
+            // A global setting only, so unlike PostgreSQL's
+            // synchronous_commit it cannot be raised for our sessions.
+            let flush: Option<i64> = sqlx::query_scalar(
+                "SELECT CAST(@@GLOBAL.innodb_flush_log_at_trx_commit AS SIGNED)",
+            )
+            .fetch_one(&mut *c)
+            .await
+            .ok();
+            if flush == Some(0) {
+                tracing::warn!(
+                    server = %label,
+                    "innodb_flush_log_at_trx_commit is 0: a server crash forgets up to a \
+                     second of acknowledged grants and token raises, so a lock can go to \
+                     two holders; set it to 1 (or 2, which survives a server crash but not \
+                     the machine's)"
+                );
+            }
+        }
+        let bell = Arc::new(AtomicI64::new(0));
+        let doorbell = if doorbell {
+            // The doorbell sleeps by design: no slow-statement warnings for it.
+            let bell_opts = sqlx::ConnectOptions::disable_statement_logging(opts);
+            let mut first = MySqlConnection::connect_with(&bell_opts)
+                .await
+                .map_err(|e| db(&label, e))?;
+            let id = doorbell_id(&mut first).await.map_err(|e| db(&label, e))?;
+            bell.store(id, Ordering::Release);
+            Some(tokio::spawn(ring_loop(
+                first,
+                bell_opts,
+                bell.clone(),
+                wakeups.clone(),
+            )))
+        } else {
+            None
+        };
+        Ok(MySqlBackend {
+            pool,
+            label,
+            identity,
+            timeout,
+            wakeups,
+            bell,
+            doorbell,
+            fast: fast.into(),
+        })
+    }
+
+    pub(crate) fn db(&self, e: sqlx::Error) -> Error {
+        db(&self.label, e)
+    }
+
+    /// The server's name in messages (password redacted).
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The shared pool, for statements that need no session of their own.
+    pub(crate) fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// Raises and returns the fencing token of `name` (advisory mode): one
+    /// statement, never below the database clock in µs, read back through
+    /// `LAST_INSERT_ID(expr)` in the reply.
+    pub(crate) async fn next_token(&self, name: &str) -> Result<u64> {
+        let r = sqlx::query(NEXT_TOKEN)
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.db(e))?;
+        Ok(r.last_insert_id())
+    }
+
+    /// The last token of `name`, 0 if none.
+    pub(crate) async fn last_token(&self, name: &str) -> Result<u64> {
+        let row = sqlx::query(LAST_TOKEN)
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.db(e))?;
+        Ok(row.try_get::<i64, _>("token").map_err(|e| self.db(e))? as u64)
+    }
+}
+
+struct HoldRow {
+    hold_id: String,
+    owner: String,
+    mode: Mode,
+    token: i64,
+    left_ms: i64,
+}
+
+fn hold_row(r: &MySqlRow, now: i64) -> std::result::Result<HoldRow, sqlx::Error> {
+    let code: i16 = r.try_get("mode")?;
+    let take: i32 = r.try_get("take")?;
+    let max: i32 = r.try_get("max")?;
+    let mode = Mode::from_code(i64::from(code), take as u32, max as u32).ok_or_else(|| {
+        sqlx::Error::Decode(format!("fenced_holds has an unknown mode {code}").into())
+    })?;
+    Ok(HoldRow {
+        hold_id: r.try_get("hold_id")?,
+        owner: r.try_get("owner")?,
+        mode,
+        token: r.try_get("token")?,
+        left_ms: r.try_get::<i64, _>("expires_ms")? - now,
+    })
+}
+
+/// A deadlock or lock-wait timeout: the transaction can simply run again.
+fn is_conflict(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == "40001" || c == "HY000" && e.to_string().contains("try restarting"))
+}
+
+/// The server's own error number (`ER_…`), where the error came from it.
+fn error_number(e: &sqlx::Error) -> Option<u16> {
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .map(|d| d.number())
+}
+
+/// Maps a driver error to fenced's kinds.
+fn db(label: &str, e: sqlx::Error) -> Error {
+    let code = e
+        .as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned());
+    match code.as_deref() {
+        // access denied, unknown database
+        Some("28000") | Some("42000")
+            if e.to_string().contains("denied") || e.to_string().contains("Unknown database") =>
+        {
+            Error::invalid(format!("MySQL at {label} refused us: {e}")).with_source(e)
+        }
+        Some("08S01") | Some("08004") | Some("HY000") | Some("40001") => {
+            Error::unavailable(format!("MySQL at {label} cannot serve us now: {e}")).with_source(e)
+        }
+        Some(_) => {
+            Error::protocol(format!("MySQL at {label} answered with an error: {e}")).with_source(e)
+        }
+        None => match e {
+            sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::Decode(_)
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::TypeNotFound { .. } => {
+                Error::protocol(format!("unexpected data from MySQL at {label}: {e}"))
+                    .with_source(e)
+            }
+            _ => Error::unavailable(format!("MySQL at {label} is unreachable: {e}")).with_source(e),
+        },
+    }
+}

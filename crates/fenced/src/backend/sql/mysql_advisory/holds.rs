@@ -1,0 +1,176 @@
+//! The lock backend and registers (kept in the lease tables).
+
+use super::*;
+
+impl LockBackend for MySqlAdvisory {
+    fn scheme(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn supports_fair(&self) -> bool {
+        false
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(self.shared.attempt(req))
+    }
+
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+        Box::pin(async move {
+            let checks = refs.iter().map(|r| async move {
+                let Some(hold) = unpoisoned(&self.shared.holds).get(&r.hold_id).cloned() else {
+                    return Renewal::Gone;
+                };
+                let mine = self.shared.touch(&hold).await;
+                if mine {
+                    hold.deadline.send_replace(Instant::now() + r.lease);
+                }
+                Renewal::from(mine)
+            });
+            Ok(futures_util::future::join_all(checks).await)
+        })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.shared.table.request_timeout()
+    }
+
+    fn identity(&self) -> String {
+        format!("{}?mode=advisory", self.shared.table.identity())
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            self.shared.end(&hold.hold_id).await.ok_or_else(|| {
+                Error::unavailable(
+                    "MySQL: the session failed under the unlock; closing it freed the lock",
+                )
+            })
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        _name: &'a LockName,
+        ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if let Some(t) = ticket {
+                self.shared.withdraw(t).await;
+            }
+            self.shared.end(hold_id).await;
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let sh = &self.shared;
+            let row = sqlx::query(HOLDER)
+                .bind(key(name.as_str()))
+                .fetch_one(sh.table.pool())
+                .await
+                .map_err(|e| sh.db(e))?;
+            let holder: Option<i64> = row.try_get("id").map_err(|e| sh.db(e))?;
+            let last_token = sh.table.last_token(name.as_str()).await?;
+            let mut holders = Vec::new();
+            if let Some(id) = holder {
+                // The owner is known for this client's holds; the server
+                // records none for other sessions.
+                let mut owner = format!("mysql session {id}");
+                for h in unpoisoned(&sh.holds).values() {
+                    if h.name == *name {
+                        owner = h.owner.clone();
+                    }
+                }
+                holders.push(HolderInfo {
+                    owner,
+                    mode: Mode::Exclusive,
+                    // A session lock records no token: the last one issued.
+                    token: last_token,
+                    // and has no lease on the server while its session lives.
+                    lease_left: Duration::MAX,
+                });
+            }
+            let waiters = unpoisoned(&sh.probers)
+                .values()
+                .filter(|p| matches!(*unpoisoned(&p.state), Probe::Waiting))
+                .count();
+            Ok(LockStatus {
+                holders,
+                waiters,
+                last_token,
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let sh = &self.shared;
+            let row = sqlx::query(HOLDER)
+                .bind(key(name.as_str()))
+                .fetch_one(sh.table.pool())
+                .await
+                .map_err(|e| sh.db(e))?;
+            let Some(id) = row.try_get::<Option<i64>, _>("id").map_err(|e| sh.db(e))? else {
+                return Ok(0);
+            };
+            sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                .execute(sh.table.pool())
+                .await
+                .map_err(|e| sh.db(e))?;
+            Ok(1)
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let sh = &self.shared;
+            let tickets: Vec<Ticket> = unpoisoned(&sh.probers).keys().copied().collect();
+            for t in tickets {
+                sh.withdraw(t).await;
+            }
+            let ids: Vec<String> = unpoisoned(&sh.holds).keys().cloned().collect();
+            for id in ids {
+                sh.end(&id).await;
+            }
+            sh.idle.clear();
+            sh.table.close().await;
+        })
+    }
+}
+
+impl Store for MySqlAdvisory {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+        self.shared.table.register_read(name)
+    }
+
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.shared.table.register_write(name, fence, value)
+    }
+
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.shared.table.register_swap(name, expected, value)
+    }
+
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
+        self.shared.table.register_decrement(name, by)
+    }
+}
+
+impl Backend for MySqlAdvisory {}

@@ -1,0 +1,182 @@
+//! `mysql://…?mode=advisory`: MySQL/MariaDB `GET_LOCK` session locks.
+//!
+//! For users who want a lock tied to a database session, or who share
+//! locks with code that calls `GET_LOCK` itself: each hold owns one
+//! session and holds `GET_LOCK(<key>)` in it. If the holder's process
+//! dies or its session is killed (`KILL`), the server frees the lock at
+//! once; the watchdog's renewal asks the server whether the session still
+//! holds the lock and fires the lost signal when it does not.
+//!
+//! **Leases** still hold: a hold whose lease ends without a renewal gives
+//! the lock back, so the lease contract is the same in both modes.
+//!
+//! **The session bounds the hold**: the server ends a session idle for
+//! its `wait_timeout` (8 hours by default, often minutes on managed
+//! servers), and the lock with it. The hold is believed only until its
+//! last confirmed statement plus that timeout, and the session is kept
+//! busy (a `SELECT 1` every third of it) so that a live holder keeps it.
+//!
+//! **Keys**: the `GET_LOCK` name is the lock name itself when it has at
+//! most 64 characters (MySQL's limit), so `GET_LOCK('orders:1001', …)` in
+//! other code is the same lock as fenced's `orders:1001`. A longer name
+//! becomes its first 47 characters, `#`, and the 16 hex digits of the
+//! 64-bit FNV-1a hash of its UTF-8 bytes. MariaDB compares these names
+//! byte for byte; MySQL 8 folds case, so there `A` and `a` are one lock.
+//!
+//! **Waiting without polling**: a blocked acquirer hands its session to a
+//! *prober* task that waits inside the server in `GET_LOCK(<key>, 3600)`.
+//! When the server grants it, the prober wakes the acquirer, which adopts
+//! the session and its lock. A waiter that gives up has its prober's
+//! session killed, which ends the server-side wait and frees whatever it
+//! won. The server wakes its waiters itself, whoever releases.
+//!
+//! **Tokens** come from the lease table's `fenced_locks` row of the name,
+//! raised after each grant; registers are the same table too. `GET_LOCK`
+//! has no shared mode and counts no permits, so this mode has mutexes
+//! only, and no fair mode (the server does not promise FIFO).
+//!
+//! Sessions are reused: a session whose `RELEASE_LOCK` confirmed the
+//! release goes back to a small idle stack instead of being closed.
+
+use crate::backend::sql::IdleSessions;
+use crate::backend::sql::mysql::MySqlBackend;
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::spi::lease::QUEUE_TTL;
+use crate::spi::lease::believed_until;
+use crate::spi::lease::lease_runs_out;
+use crate::spi::sync::unpoisoned;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Store, Ticket,
+};
+use sqlx::mysql::MySqlConnectOptions;
+use sqlx::{Connection, MySqlConnection, Row};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::Hasher;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+mod holds;
+mod sessions;
+
+const TRY_LOCK: &str = "SELECT CAST(GET_LOCK(?, 0) AS SIGNED) AS got";
+const WAIT_LOCK: &str = "SELECT CAST(GET_LOCK(?, 3600) AS SIGNED) AS got";
+const UNLOCK: &str = "SELECT CAST(RELEASE_LOCK(?) AS SIGNED) AS was";
+const STILL_MINE: &str =
+    "SELECT CAST(COALESCE(IS_USED_LOCK(?) = CONNECTION_ID(), 0) AS SIGNED) AS mine";
+const HOLDER: &str = "SELECT CAST(IS_USED_LOCK(?) AS SIGNED) AS id";
+
+/// The `GET_LOCK` name of a lock name (see the module docs).
+pub(crate) fn key(name: &str) -> String {
+    if name.chars().count() <= 64 {
+        return name.to_owned();
+    }
+    let mut h = crate::spi::codec::Fnv1a::default();
+    h.write(name.as_bytes());
+    let mut k: String = name.chars().take(47).collect();
+    let _ = write!(k, "#{:016x}", h.finish());
+    k
+}
+
+/// A server session and its connection id.
+struct Session {
+    conn: MySqlConnection,
+    id: i64,
+}
+
+/// One hold: its session, and the deadline a renewal moves.
+struct SessionHold {
+    session: tokio::sync::Mutex<Option<Session>>,
+    key: String,
+    name: LockName,
+    owner: String,
+    deadline: watch::Sender<Instant>,
+    /// Until when the server keeps the session (its `wait_timeout`).
+    alive: watch::Sender<Instant>,
+}
+
+/// A waiter's session, waiting inside the server for the lock.
+struct Prober {
+    conn_id: i64,
+    key: String,
+    state: Mutex<Probe>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+enum Probe {
+    Waiting,
+    /// The server granted the lock to this session: the waiter adopts it.
+    Won(Session),
+    /// The session failed, or the waiter withdrew.
+    Over,
+}
+
+type Holds = Arc<Mutex<HashMap<String, Arc<SessionHold>>>>;
+
+pub(crate) struct MySqlAdvisory {
+    shared: Arc<Shared>,
+}
+
+/// What the hold and prober tasks need too.
+struct Shared {
+    table: Arc<MySqlBackend>,
+    opts: MySqlConnectOptions,
+    holds: Holds,
+    probers: Mutex<HashMap<Ticket, Arc<Prober>>>,
+    idle: IdleSessions<Session>,
+    next_ticket: AtomicI64,
+    /// The server's `wait_timeout`: how long it keeps an idle session.
+    idle_timeout: Duration,
+}
+
+impl MySqlAdvisory {
+    pub(crate) async fn open(
+        table: Arc<MySqlBackend>,
+        opts: MySqlConnectOptions,
+    ) -> Result<Arc<dyn Backend>> {
+        // Sessions wait in GET_LOCK by design: no slow-statement warnings.
+        let opts = sqlx::ConnectOptions::disable_statement_logging(opts);
+        let mut shared = Shared {
+            table,
+            opts,
+            holds: Default::default(),
+            probers: Default::default(),
+            idle: IdleSessions::new(),
+            next_ticket: AtomicI64::new(1),
+            idle_timeout: Duration::from_secs(28_800),
+        };
+        // Fail at connect, not at the first lock, if sessions cannot open.
+        let mut s = shared.session().await?;
+        let secs: i64 = sqlx::query_scalar("SELECT CAST(@@SESSION.wait_timeout AS SIGNED)")
+            .fetch_one(&mut s.conn)
+            .await
+            .map_err(|e| shared.db(e))?;
+        shared.idle_timeout = Duration::from_secs(secs.max(1) as u64);
+        shared.idle.put(s);
+        Ok(Arc::new(MySqlAdvisory {
+            shared: Arc::new(shared),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_keep_short_names_and_hash_long_ones() {
+        assert_eq!(key("orders:1001"), "orders:1001");
+        let exact: String = "é".repeat(64);
+        assert_eq!(key(&exact), exact);
+        let long = "x".repeat(65);
+        let k = key(&long);
+        assert_eq!(k.chars().count(), 64);
+        assert!(k.starts_with(&"x".repeat(47)) && k.as_bytes()[47] == b'#');
+        assert_ne!(key(&"x".repeat(66)), k);
+    }
+}

@@ -1,0 +1,313 @@
+//! Sessions that hold `GET_LOCK`: taken, kept busy, probed and given back.
+
+use super::*;
+
+impl Shared {
+    pub(super) fn db(&self, e: sqlx::Error) -> Error {
+        self.table.db(e)
+    }
+
+    /// An idle session, or a new one.
+    pub(super) async fn session(&self) -> Result<Session> {
+        if let Some(s) = self.idle.take() {
+            return Ok(s);
+        }
+        let mut conn = MySqlConnection::connect_with(&self.opts)
+            .await
+            .map_err(|e| self.db(e))?;
+        let id = sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id")
+            .fetch_one(&mut conn)
+            .await
+            .and_then(|r| r.try_get::<i64, _>("id"))
+            .map_err(|e| self.db(e))?;
+        Ok(Session { conn, id })
+    }
+
+    /// Gives the lock back and keeps or closes the session; whether the
+    /// session still held the lock.
+    /// Whether the lock was still held; `None` if the session failed
+    /// (closing it freed the lock, but whether it was held then is unknown).
+    pub(super) async fn unlock(&self, mut s: Session, key: &str) -> Option<bool> {
+        let was = sqlx::query(UNLOCK)
+            .bind(key)
+            .fetch_one(&mut s.conn)
+            .await
+            .and_then(|r| r.try_get::<Option<i64>, _>("was"));
+        if let Ok(Some(1)) = was {
+            self.idle.put(s);
+            return Some(true);
+        }
+        // Not ours any more, or the session failed: closing it frees
+        // whatever it may still hold.
+        let _ = s.conn.close().await;
+        was.ok().map(|_| false)
+    }
+
+    pub(super) async fn attempt(self: &Arc<Self>, req: &Attempt) -> Result<Outcome> {
+        if req.mode != Mode::Exclusive {
+            return Err(Error::invalid(
+                "mode=advisory on MySQL has mutexes only (GET_LOCK has no shared mode and \
+                 counts no permits); use the default lease-table mode for read-write locks \
+                 and semaphores",
+            ));
+        }
+        let key = key(req.name.as_str());
+        if let Some(t) = req.ticket {
+            let prober = unpoisoned(&self.probers).get(&t).cloned();
+            if let Some(p) = prober {
+                let won = {
+                    let mut st = unpoisoned(&p.state);
+                    match &*st {
+                        Probe::Waiting => {
+                            return Ok(Outcome::Busy(Blocked {
+                                ticket: Some(t),
+                                retry_after: None,
+                            }));
+                        }
+                        Probe::Won(_) => match std::mem::replace(&mut *st, Probe::Over) {
+                            Probe::Won(s) => Some(s),
+                            _ => None,
+                        },
+                        Probe::Over => None,
+                    }
+                };
+                unpoisoned(&self.probers).remove(&t);
+                if let Some(mut s) = won {
+                    // The session may have waited in the server for longer
+                    // than its idle timeout: count its life from a statement
+                    // sent now, not from when the wait began.
+                    let sent = Instant::now();
+                    match sqlx::query("SELECT 1").execute(&mut s.conn).await {
+                        Ok(_) => return self.granted(req, s, key, sent).await,
+                        Err(e) => {
+                            let _ = s.conn.close().await;
+                            return Err(self.db(e));
+                        }
+                    }
+                }
+                // The prober failed: start over below.
+            }
+        }
+        let mut s = self.session().await?;
+        let sent = Instant::now();
+        let got = sqlx::query(TRY_LOCK)
+            .bind(&key)
+            .fetch_one(&mut s.conn)
+            .await
+            .and_then(|r| r.try_get::<Option<i64>, _>("got"));
+        match got {
+            Ok(Some(1)) => self.granted(req, s, key, sent).await,
+            Ok(Some(_)) if req.will_wait => Ok(Outcome::Busy(Blocked {
+                ticket: Some(self.probe(s, key, req.name.clone())),
+                retry_after: None,
+            })),
+            Ok(Some(_)) => {
+                self.idle.put(s);
+                Ok(Outcome::Busy(Blocked {
+                    ticket: None,
+                    retry_after: None,
+                }))
+            }
+            Ok(None) => {
+                let _ = s.conn.close().await;
+                Err(Error::protocol(format!(
+                    "{}: GET_LOCK({key:?}) answered NULL (an error in the server)",
+                    self.table.label()
+                )))
+            }
+            Err(e) => Err(self.db(e)),
+        }
+    }
+
+    /// Records a hold whose session holds the lock, with a fresh token;
+    /// `sent` is when the session last answered before the grant.
+    pub(super) async fn granted(
+        self: &Arc<Self>,
+        req: &Attempt,
+        s: Session,
+        key: String,
+        sent: Instant,
+    ) -> Result<Outcome> {
+        let token = match self.table.next_token(req.name.as_str()).await {
+            Ok(t) => t,
+            Err(e) => {
+                self.unlock(s, &key).await;
+                return Err(e);
+            }
+        };
+        let hold = Arc::new(SessionHold {
+            session: tokio::sync::Mutex::new(Some(s)),
+            key,
+            name: req.name.clone(),
+            owner: req.owner_key.clone(),
+            deadline: watch::Sender::new(Instant::now() + req.lease),
+            alive: watch::Sender::new(believed_until(sent, self.idle_timeout)),
+        });
+        let bound = hold.alive.subscribe();
+        unpoisoned(&self.holds).insert(req.hold_id.clone(), hold.clone());
+        let me = self.clone();
+        let id = req.hold_id.clone();
+        tokio::spawn(async move {
+            // Keep the session from the server's idle timeout until the
+            // lease ends.
+            let ends = lease_runs_out(hold.deadline.subscribe());
+            tokio::pin!(ends);
+            loop {
+                tokio::select! {
+                    _ = &mut ends => break,
+                    _ = tokio::time::sleep(me.idle_timeout / 3) => {
+                        me.touch(&hold).await;
+                    }
+                }
+            }
+            me.end(&id).await;
+        });
+        Ok(Outcome::Granted {
+            token,
+            session: Some(bound),
+        })
+    }
+
+    /// Asks the hold's session whether it still holds the lock (which also
+    /// shows the server the session is in use); moves the session's bound
+    /// when it answers yes.
+    pub(super) async fn touch(&self, hold: &SessionHold) -> bool {
+        let mut s = hold.session.lock().await;
+        let Some(s) = s.as_mut() else {
+            return false;
+        };
+        let sent = Instant::now();
+        let mine = sqlx::query(STILL_MINE)
+            .bind(&hold.key)
+            .fetch_one(&mut s.conn)
+            .await
+            .and_then(|row| row.try_get::<i64, _>("mine"))
+            .is_ok_and(|m| m == 1);
+        if mine {
+            hold.alive
+                .send_replace(believed_until(sent, self.idle_timeout));
+        }
+        mine
+    }
+
+    /// Hands a session to a prober that waits in the server; its ticket.
+    pub(super) fn probe(self: &Arc<Self>, mut s: Session, key: String, name: LockName) -> Ticket {
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let p = Arc::new(Prober {
+            conn_id: s.id,
+            key: key.clone(),
+            state: Mutex::new(Probe::Waiting),
+            task: Mutex::new(None),
+        });
+        unpoisoned(&self.probers).insert(ticket, p.clone());
+        let me = self.clone();
+        let p2 = p.clone();
+        let task = tokio::spawn(async move {
+            let p = p2;
+            let won = loop {
+                let got = sqlx::query(WAIT_LOCK)
+                    .bind(&key)
+                    .fetch_one(&mut s.conn)
+                    .await
+                    .and_then(|r| r.try_get::<Option<i64>, _>("got"));
+                match got {
+                    Ok(Some(1)) => break true,
+                    // Waited an hour: wait again, unless withdrawn.
+                    Ok(Some(_)) if matches!(*unpoisoned(&p.state), Probe::Waiting) => continue,
+                    _ => break false,
+                }
+            };
+            let withdrawn = {
+                let mut st = unpoisoned(&p.state);
+                if won && matches!(*st, Probe::Waiting) {
+                    *st = Probe::Won(s);
+                    None
+                } else {
+                    *st = Probe::Over;
+                    Some(s)
+                }
+            };
+            if let Some(s) = withdrawn {
+                // Withdrawn (its wait interrupted), or failed. A grant that
+                // came just before the withdrawal goes back now, before
+                // `withdraw` returns; a failed session is closed.
+                if won {
+                    me.unlock(s, &key).await;
+                } else {
+                    let _ = s.conn.close().await;
+                }
+                return;
+            }
+            me.table.wakeups().bump(name.as_str());
+            if !won {
+                return;
+            }
+            // A live waiter adopts the lock within moments; one that went
+            // away without withdrawing must not keep it.
+            tokio::time::sleep(QUEUE_TTL).await;
+            let left = match std::mem::replace(&mut *unpoisoned(&p.state), Probe::Over) {
+                Probe::Won(s) => Some(s),
+                _ => None,
+            };
+            if let Some(s) = left {
+                unpoisoned(&me.probers).remove(&ticket);
+                me.unlock(s, &key).await;
+                me.table.wakeups().bump(name.as_str());
+            }
+        });
+        *unpoisoned(&p.task) = Some(task);
+        ticket
+    }
+
+    /// Withdraws a waiter: interrupts its prober's server-side wait and
+    /// returns once the prober's session holds nothing, so a timed-out
+    /// acquire leaves no grant behind it.
+    pub(super) async fn withdraw(&self, ticket: Ticket) {
+        let Some(p) = unpoisoned(&self.probers).remove(&ticket) else {
+            return;
+        };
+        let was = std::mem::replace(&mut *unpoisoned(&p.state), Probe::Over);
+        let task = unpoisoned(&p.task).take();
+        match was {
+            Probe::Won(s) => {
+                if let Some(t) = task {
+                    t.abort();
+                }
+                self.unlock(s, &p.key).await;
+            }
+            Probe::Waiting => {
+                // KILL QUERY of one's own user's session needs no privilege.
+                let kill = format!("KILL QUERY {}", p.conn_id);
+                let _ = sqlx::query(sqlx::AssertSqlSafe(kill))
+                    .execute(self.table.pool())
+                    .await;
+                let Some(mut t) = task else { return };
+                if tokio::time::timeout(Duration::from_secs(5), &mut t)
+                    .await
+                    .is_err()
+                {
+                    // The server did not answer: end the session itself.
+                    t.abort();
+                    let kill = format!("KILL {}", p.conn_id);
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(kill))
+                        .execute(self.table.pool())
+                        .await;
+                }
+            }
+            Probe::Over => {}
+        }
+    }
+
+    /// Ends a hold: unlocks and recycles its session; whether it still held.
+    pub(super) async fn end(&self, hold_id: &str) -> Option<bool> {
+        let Some(hold) = unpoisoned(&self.holds).remove(hold_id) else {
+            return Some(false);
+        };
+        // Let its lease task end now.
+        hold.deadline.send_replace(Instant::now());
+        let Some(s) = hold.session.lock().await.take() else {
+            return Some(false);
+        };
+        self.unlock(s, &hold.key).await
+    }
+}

@@ -1,0 +1,124 @@
+//! The lock backend: attempts, renewals, releases and status.
+
+use super::*;
+
+impl LockBackend for PgBackend {
+    fn scheme(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(self.attempt_inner(req))
+    }
+
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+        Box::pin(async move {
+            let ids: Vec<&str> = holds.iter().map(|h| h.hold_id.as_str()).collect();
+            let leases: Vec<i64> = holds.iter().map(|h| ms(h.lease)).collect();
+            let rows = sqlx::query(RENEW)
+                .bind(&ids)
+                .bind(&leases)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            let renewed: std::collections::HashSet<String> = rows
+                .iter()
+                .filter_map(|r| r.try_get::<String, _>(0).ok())
+                .collect();
+            Ok(holds
+                .iter()
+                .map(|h| Renewal::from(renewed.contains(&h.hold_id)))
+                .collect())
+        })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn identity(&self) -> String {
+        self.identity.clone()
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let row = sqlx::query(RELEASE)
+                .bind(&hold.hold_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            match row {
+                Some(r) => r.try_get::<bool, _>("live").map_err(|e| self.db(e)),
+                None => Ok(false),
+            }
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        name: &'a LockName,
+        ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            sqlx::query(ABANDON)
+                .bind(name.as_str())
+                .bind(ticket.unwrap_or(-1))
+                .bind(hold_id)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let rows = sqlx::query(SELECT_HOLDS)
+                .bind(name.as_str())
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            let holders = rows
+                .iter()
+                .map(|r| {
+                    hold_row(r).map(|h| HolderInfo {
+                        owner: h.owner,
+                        mode: h.mode,
+                        token: h.token as u64,
+                        lease_left: Duration::from_millis(h.left_ms.max(0) as u64),
+                    })
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| self.db(e))?;
+            let row = sqlx::query(STATUS_WAITERS)
+                .bind(name.as_str())
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            Ok(LockStatus {
+                holders,
+                waiters: row.try_get::<i64, _>("waiters").map_err(|e| self.db(e))? as usize,
+                last_token: row.try_get::<i64, _>("token").map_err(|e| self.db(e))? as u64,
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let row = sqlx::query(FORCE)
+                .bind(name.as_str())
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            Ok(row.try_get::<i64, _>("n").map_err(|e| self.db(e))? as usize)
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.listener.abort();
+            self.pool.close().await;
+        })
+    }
+}

@@ -1,0 +1,344 @@
+//! `postgres://user:pass@host:5432/db`: a lease table in PostgreSQL.
+//!
+//! # Layout
+//!
+//! [`SCHEMA`], created on first use (under an advisory lock, so processes
+//! that start together do not race): `fenced_locks` has a row per name
+//! with its last fencing token, kept after release so tokens only rise;
+//! `fenced_holds` a row per grant with its owner, mode, token and expiry;
+//! `fenced_waiters` the fair queue; `fenced_registers` fenced registers.
+//!
+//! Every grant is one short `READ COMMITTED` transaction that first locks
+//! the name's `fenced_locks` row (`INSERT … ON CONFLICT DO UPDATE`), so two
+//! acquirers of one name are serialised whatever the server's default
+//! isolation, then applies the grant rule every backend shares
+//! ([`grantable`]). A lock with no hold row at all is granted in one round
+//! trip by the function `fenced_try_grant`, the same steps server-side.
+//! **All times are the database's** (`clock_timestamp()`), never a
+//! client's: expiry, queue places, and the token floor (a token is never
+//! below the database clock in µs).
+//!
+//! # Wake-ups
+//!
+//! Every change `NOTIFY`s channel `fenced_wake` with the lock name (sent at
+//! commit); each client `LISTEN`s on one connection and wakes its waiters
+//! of that name. A holder that dies sends nothing, so waiters also look
+//! again when the first lease in their way ends.
+
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::spi::grant::{Held, grantable, permits_differ};
+use crate::spi::lease::QUEUE_TTL;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, Renewal, Store, Ticket,
+};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Connection, PgConnection, Row};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+mod attempt;
+mod holds;
+pub(crate) mod queries;
+mod store;
+use queries::*;
+
+pub(crate) struct PgBackend {
+    pool: PgPool,
+    label: String,
+    /// `postgres://host:port/database`, whatever URL named it.
+    identity: String,
+    /// How long one request may take (`timeout=`).
+    timeout: Duration,
+    /// Whether `fenced_try_grant` can be called.
+    fast: std::sync::atomic::AtomicBool,
+    listener: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PgBackend {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+impl PgBackend {
+    /// Opens `postgres://…`: the lease table, or with `?mode=advisory`
+    /// session advisory locks beside it.
+    pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
+        let (me, opts, advisory) = PgBackend::open_table(url, wakeups).await?;
+        if advisory {
+            return crate::backend::sql::postgres_advisory::PgAdvisory::open(me, opts).await;
+        }
+        Ok(me)
+    }
+
+    /// The lease-table backend, the options for more connections, and
+    /// whether `mode=advisory` was asked for.
+    async fn open_table(
+        url: &str,
+        wakeups: Arc<Wakeups>,
+    ) -> Result<(Arc<PgBackend>, PgConnectOptions, bool)> {
+        let label = crate::spi::endpoints::redact(url);
+        let mut parsed = url::Url::parse(url)
+            .map_err(|e| Error::invalid(format!("bad PostgreSQL URL {label:?}: {e}")))?;
+        let mut pool_size: u32 = 8;
+        let mut advisory = false;
+        let mut timeout = crate::spi::DEFAULT_TIMEOUT;
+        let mut kept = Vec::new();
+        for (k, v) in parsed.query_pairs() {
+            match k.as_ref() {
+                "timeout" => timeout = crate::spi::endpoints::parse_timeout(&v, &label)?,
+                "pool" => {
+                    pool_size = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=1000).contains(n))
+                        .ok_or_else(|| {
+                            Error::invalid(format!(
+                                "pool={v:?} in {label:?}: a number from 1 to 1000"
+                            ))
+                        })?;
+                }
+                "mode" => match v.as_ref() {
+                    "lease" => advisory = false,
+                    "advisory" => advisory = true,
+                    _ => {
+                        return Err(Error::invalid(format!(
+                            "mode={v:?} in {label:?}: use `lease` (the lease table, the \
+                             default) or `advisory` (session advisory locks)"
+                        )));
+                    }
+                },
+                _ => kept.push((k.into_owned(), v.into_owned())),
+            }
+        }
+        parsed.set_query(None);
+        if !kept.is_empty() {
+            parsed.query_pairs_mut().extend_pairs(&kept);
+        }
+        let opts = PgConnectOptions::from_str(parsed.as_str()).map_err(|e| {
+            Error::invalid(format!("bad PostgreSQL URL {label:?}: {e}")).with_source(e)
+        })?;
+        let identity = format!(
+            "postgres://{}:{}/{}",
+            opts.get_host(),
+            opts.get_port(),
+            opts.get_database().unwrap_or(opts.get_username())
+        );
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_size)
+            .acquire_timeout(timeout)
+            .test_before_acquire(false)
+            .before_acquire(|c, meta| Box::pin(crate::backend::sql::still_there(c, meta)))
+            .after_connect(move |c, _| Box::pin(prepare(c, timeout)))
+            .connect_with(opts.clone())
+            .await
+            .map_err(|e| db(&label, e))?;
+        let mut tx = pool.begin().await.map_err(|e| db(&label, e))?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(SCHEMA_LOCK)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db(&label, e))?;
+        // A role given only DML on tables an administrator created may not
+        // run even `CREATE TABLE IF NOT EXISTS` (it needs CREATE on the schema).
+        let has_tables: bool = sqlx::query_scalar(HAS_TABLES)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| db(&label, e))?;
+        if !has_tables {
+            sqlx::raw_sql(SCHEMA).execute(&mut *tx).await.map_err(|e| {
+                if has_state(&e, &["42501"]) {
+                    Error::invalid(format!(
+                        "{label} does not let this role create fenced's tables ({e}): \
+                         create them as the README's PostgreSQL layout shows, or grant \
+                         CREATE on the schema"
+                    ))
+                    .with_source(e)
+                } else {
+                    db(&label, e)
+                }
+            })?;
+        }
+        let mut savepoint = tx.begin().await.map_err(|e| db(&label, e))?;
+        let fast = match sqlx::raw_sql(TRY_GRANT_DDL).execute(&mut *savepoint).await {
+            Ok(_) => savepoint.commit().await.is_ok(),
+            Err(e) => {
+                tracing::warn!(
+                    server = %label,
+                    error = %e,
+                    "cannot create the function fenced_try_grant: every acquire takes \
+                     the full transaction"
+                );
+                let _ = savepoint.rollback().await;
+                false
+            }
+        };
+        tx.commit().await.map_err(|e| db(&label, e))?;
+        // The listener keeps a connection for good: one of its own, not one
+        // of the `pool=` the grants share (with `pool=1` it took the only
+        // one, and no grant could run).
+        let listen_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(timeout)
+            .connect_lazy_with(opts.clone());
+        let mut listener = PgListener::connect_with(&listen_pool)
+            .await
+            .map_err(|e| db(&label, e))?;
+        listener.listen(CHANNEL).await.map_err(|e| db(&label, e))?;
+        let listener = tokio::spawn(listen(listener, wakeups));
+        let me = Arc::new(PgBackend {
+            pool,
+            label,
+            identity,
+            timeout,
+            fast: fast.into(),
+            listener,
+        });
+        Ok((me, opts, advisory))
+    }
+
+    /// The URL with its password hidden.
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Wakes the waiters of `name` in every client.
+    pub(crate) async fn notify(&self, name: &str) {
+        if let Err(e) = sqlx::query(NOTIFY).bind(name).fetch_one(&self.pool).await {
+            tracing::debug!(error = %e, "NOTIFY failed; waiters will look again on their own");
+        }
+    }
+
+    /// Raises and returns the fencing token of `name` (advisory mode).
+    pub(crate) async fn next_token(&self, c: &mut PgConnection, name: &str) -> Result<u64> {
+        let row = sqlx::query(NEXT_TOKEN)
+            .bind(name)
+            .fetch_one(c)
+            .await
+            .map_err(|e| self.db(e))?;
+        Ok(row.try_get::<i64, _>("token").map_err(|e| self.db(e))? as u64)
+    }
+
+    /// The last token of `name`.
+    pub(crate) async fn last_token(&self, name: &str) -> Result<u64> {
+        let row = sqlx::query(STATUS_WAITERS)
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.db(e))?;
+        Ok(row.try_get::<i64, _>("token").map_err(|e| self.db(e))? as u64)
+    }
+
+    /// The shared pool, for queries that need no session of their own.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub(crate) fn db(&self, e: sqlx::Error) -> Error {
+        db(&self.label, e)
+    }
+}
+
+/// Turns notifications into wake-ups; after a lost connection (sqlx's
+/// listener reconnects on its own) every waiter looks again.
+async fn listen(mut listener: PgListener, wakeups: Arc<Wakeups>) {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(n)) => wakeups.bump(n.payload()),
+            Ok(None) => {
+                tracing::debug!("PostgreSQL listener reconnected; waiters will look again");
+                wakeups.bump_all();
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "PostgreSQL listener failed; retrying");
+                wakeups.bump_all();
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+struct HoldRow {
+    hold_id: String,
+    owner: String,
+    mode: Mode,
+    token: i64,
+    left_ms: i64,
+}
+
+fn hold_row(r: &PgRow) -> std::result::Result<HoldRow, sqlx::Error> {
+    let code: i16 = r.try_get("mode")?;
+    let take: i32 = r.try_get("take")?;
+    let max: i32 = r.try_get("max")?;
+    let mode = Mode::from_code(i64::from(code), take as u32, max as u32).ok_or_else(|| {
+        sqlx::Error::Decode(format!("fenced_holds has an unknown mode {code}").into())
+    })?;
+    Ok(HoldRow {
+        hold_id: r.try_get("hold_id")?,
+        owner: r.try_get("owner")?,
+        mode,
+        token: r.try_get("token")?,
+        left_ms: r.try_get("left_ms")?,
+    })
+}
+
+/// Whether the server's error has one of these SQLSTATEs.
+fn has_state(e: &sqlx::Error, states: &[&str]) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| states.contains(&c.as_ref()))
+}
+
+/// Serialization failure or deadlock: the transaction can simply run again.
+fn is_conflict(e: &sqlx::Error) -> bool {
+    has_state(e, &["40001", "40P01"])
+}
+
+/// Maps a driver error to fenced's kinds.
+pub(crate) fn db(label: &str, e: sqlx::Error) -> Error {
+    let code = e
+        .as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned());
+    match code.as_deref() {
+        // invalid authorization, password, database or role
+        Some(c) if c.starts_with("28") || c == "3D000" => {
+            Error::invalid(format!("PostgreSQL at {label} refused us: {e}")).with_source(e)
+        }
+        Some("22P02") => Error::protocol(format!(
+            "PostgreSQL at {label}: a register does not hold a decimal integer ({e})"
+        ))
+        .with_source(e),
+        Some(c)
+            if c.starts_with("08")
+                || c.starts_with("57")
+                || c.starts_with("53")
+                || c == "40001"
+                || c == "40P01" =>
+        {
+            Error::unavailable(format!("PostgreSQL at {label} cannot serve us now: {e}"))
+                .with_source(e)
+        }
+        Some(_) => Error::protocol(format!("PostgreSQL at {label} answered with an error: {e}"))
+            .with_source(e),
+        None => match e {
+            sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::Decode(_)
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::TypeNotFound { .. } => {
+                Error::protocol(format!("unexpected data from PostgreSQL at {label}: {e}"))
+                    .with_source(e)
+            }
+            _ => Error::unavailable(format!("PostgreSQL at {label} is unreachable: {e}"))
+                .with_source(e),
+        },
+    }
+}

@@ -1,0 +1,180 @@
+//! The lease tables, the one-call grant function, and the statements on them.
+
+use super::*;
+
+/// The tables (also in the README).
+pub(crate) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS fenced_locks (
+    name  TEXT PRIMARY KEY,
+    token BIGINT NOT NULL DEFAULT 0          -- the last fencing token, kept after release
+);
+CREATE TABLE IF NOT EXISTS fenced_holds (
+    hold_id    TEXT PRIMARY KEY,
+    name       TEXT NOT NULL,
+    owner      TEXT NOT NULL,                -- <client id>:<owner id>
+    mode       SMALLINT NOT NULL,            -- 0 exclusive, 1 shared, 2 permits
+    take       INTEGER NOT NULL,
+    max        INTEGER NOT NULL,
+    token      BIGINT NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL          -- database time
+);
+CREATE INDEX IF NOT EXISTS fenced_holds_name ON fenced_holds (name);
+CREATE TABLE IF NOT EXISTS fenced_waiters (
+    ticket     BIGSERIAL PRIMARY KEY,
+    name       TEXT NOT NULL,
+    fair       BOOLEAN NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fenced_waiters_name ON fenced_waiters (name, ticket);
+CREATE TABLE IF NOT EXISTS fenced_registers (
+    name  TEXT PRIMARY KEY,
+    value BYTEA NOT NULL,
+    fence BIGINT NOT NULL
+);
+";
+
+/// A grant in one round trip when the name has no hold row at all (an
+/// unfair, unqueued acquire of a free lock); NULL sends the caller to the
+/// full transaction. Each statement sees a fresh snapshot under READ
+/// COMMITTED, so the hold check runs after the name's row is locked; under
+/// another isolation the function declines.
+///
+/// Created only if missing (a role that does not own it can still use it),
+/// in a savepoint: a role that may not create functions runs every acquire
+/// as the full transaction.
+pub(super) const TRY_GRANT_DDL: &str = "
+DO $do$
+BEGIN
+IF to_regprocedure('fenced_try_grant(text, text, text, smallint, integer, integer, double precision)') IS NULL THEN
+CREATE FUNCTION fenced_try_grant(p_name TEXT, p_hold TEXT, p_owner TEXT,
+    p_mode SMALLINT, p_take INTEGER, p_max INTEGER, p_ms DOUBLE PRECISION)
+    RETURNS BIGINT LANGUAGE plpgsql AS $fn$
+DECLARE
+    last BIGINT;
+    granted BIGINT;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO fenced_locks (name) VALUES (p_name)
+        ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
+        RETURNING token INTO last;
+    IF EXISTS (SELECT 1 FROM fenced_holds WHERE name = p_name) THEN
+        RETURN NULL;
+    END IF;
+    granted := GREATEST(last + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
+    UPDATE fenced_locks SET token = granted WHERE name = p_name;
+    INSERT INTO fenced_holds (hold_id, name, owner, mode, take, max, token, expires_at)
+        VALUES (p_hold, p_name, p_owner, p_mode, p_take, p_max, granted,
+                clock_timestamp() + p_ms * interval '1 millisecond');
+    RETURN granted;
+END $fn$;
+END IF;
+END $do$;
+";
+
+/// Whether the tables exist already (then [`SCHEMA`] is not run).
+pub(super) const HAS_TABLES: &str = "SELECT to_regclass('fenced_locks') IS NOT NULL
+    AND to_regclass('fenced_holds') IS NOT NULL
+    AND to_regclass('fenced_waiters') IS NOT NULL
+    AND to_regclass('fenced_registers') IS NOT NULL";
+
+/// Run on every connection fenced opens. A server (or database, or role)
+/// set to `synchronous_commit = off` acknowledges a commit before writing
+/// it, and a crash then forgets the last grants and token raises: the lock
+/// goes to a second holder and tokens repeat. Only `off` is raised; the
+/// stronger settings that wait for standbys are kept.
+pub(crate) const DURABLE_COMMITS: &str = "SELECT set_config('synchronous_commit', 'on', false)
+    WHERE current_setting('synchronous_commit') = 'off'";
+
+/// Readies a session fenced opens: commits that survive a crash
+/// ([`DURABLE_COMMITS`]), and a server that gives up on a statement, or on
+/// a wait for a row lock, no later than the client gives up on it.
+pub(crate) async fn prepare(
+    c: &mut PgConnection,
+    timeout: Duration,
+) -> std::result::Result<(), sqlx::Error> {
+    sqlx::query(DURABLE_COMMITS).execute(&mut *c).await?;
+    let ms = timeout.as_millis().to_string();
+    sqlx::query(
+        "SELECT set_config('statement_timeout', $1, false), \
+                set_config('lock_timeout', $1, false)",
+    )
+    .bind(ms)
+    .execute(c)
+    .await
+    .map(drop)
+}
+
+/// The `NOTIFY` channel.
+pub(super) const CHANNEL: &str = "fenced_wake";
+/// Serialises schema creation between processes.
+pub(super) const SCHEMA_LOCK: i64 = 0x6665_6e63_6564; // "fenced"
+
+pub(super) const NEXT_TOKEN: &str = "INSERT INTO fenced_locks (name, token)
+    VALUES ($1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
+    ON CONFLICT (name) DO UPDATE SET token = GREATEST(fenced_locks.token + 1, EXCLUDED.token)
+    RETURNING token";
+
+pub(super) const TRY_GRANT: &str = "SELECT fenced_try_grant($1, $2, $3, $4, $5, $6, $7)";
+pub(super) const LOCK_NAME: &str = "INSERT INTO fenced_locks (name) VALUES ($1)
+    ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
+    RETURNING token, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us";
+pub(super) const PURGE: &str = "WITH h AS (DELETE FROM fenced_holds WHERE name = $1 AND expires_at <= clock_timestamp() RETURNING 1),
+    w AS (DELETE FROM fenced_waiters WHERE name = $1 AND expires_at <= clock_timestamp() RETURNING 1)
+    SELECT (SELECT count(*) FROM h) AS holds, (SELECT count(*) FROM w) AS waiters";
+pub(super) const SELECT_HOLDS: &str = "SELECT hold_id, owner, mode, take, max, token,
+    (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS left_ms
+    FROM fenced_holds WHERE name = $1 AND expires_at > clock_timestamp()";
+pub(super) const QUEUE: &str = "SELECT
+    EXISTS (SELECT 1 FROM fenced_waiters WHERE ticket = $2 AND name = $1) AS mine,
+    EXISTS (SELECT 1 FROM fenced_waiters WHERE name = $1 AND fair AND ticket < $2) AS ahead";
+pub(super) const GRANT: &str = "WITH t AS (UPDATE fenced_locks SET token = $7 WHERE name = $2)
+    INSERT INTO fenced_holds (hold_id, name, owner, mode, take, max, token, expires_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp() + $8 * interval '1 millisecond')";
+pub(super) const DELETE_TICKET: &str = "DELETE FROM fenced_waiters WHERE ticket = $1";
+pub(super) const REFRESH_TICKET: &str = "UPDATE fenced_waiters
+    SET expires_at = clock_timestamp() + $2 * interval '1 millisecond' WHERE ticket = $1";
+pub(super) const INSERT_WAITER: &str = "INSERT INTO fenced_waiters (name, fair, expires_at)
+    VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond') RETURNING ticket";
+// pg_notify returns void, which no driver decodes: wrap it in a count.
+pub(super) const NOTIFY: &str = "SELECT count(*) FROM (SELECT pg_notify('fenced_wake', $1)) AS n";
+pub(super) const RENEW: &str = "UPDATE fenced_holds h
+    SET expires_at = clock_timestamp() + v.ms * interval '1 millisecond'
+    FROM unnest($1::text[], $2::bigint[]) AS v(id, ms)
+    WHERE h.hold_id = v.id AND h.expires_at > clock_timestamp()
+    RETURNING h.hold_id";
+pub(super) const RELEASE: &str = "WITH d AS (DELETE FROM fenced_holds WHERE hold_id = $1
+        RETURNING name, expires_at > clock_timestamp() AS live),
+    n AS (SELECT pg_notify('fenced_wake', name) FROM d)
+    SELECT live, (SELECT count(*) FROM n) AS notified FROM d";
+pub(super) const ABANDON: &str =
+    "WITH w AS (DELETE FROM fenced_waiters WHERE ticket = $2 RETURNING 1),
+    h AS (DELETE FROM fenced_holds WHERE hold_id = $3 RETURNING 1),
+    n AS (SELECT pg_notify('fenced_wake', $1)
+          WHERE EXISTS (SELECT 1 FROM w) OR EXISTS (SELECT 1 FROM h))
+    SELECT (SELECT count(*) FROM n) AS notified";
+pub(super) const STATUS_WAITERS: &str = "SELECT
+    (SELECT count(*) FROM fenced_waiters WHERE name = $1 AND expires_at > clock_timestamp()) AS waiters,
+    COALESCE((SELECT token FROM fenced_locks WHERE name = $1), 0) AS token";
+pub(super) const FORCE: &str = "WITH d AS (DELETE FROM fenced_holds WHERE name = $1 RETURNING 1),
+    w AS (SELECT pg_notify('fenced_wake', $1))
+    SELECT (SELECT count(*) FROM d) AS n, (SELECT count(*) FROM w) AS notified";
+pub(super) const REGISTER_READ: &str = "SELECT value, fence FROM fenced_registers WHERE name = $1";
+pub(super) const REGISTER_FENCED: &str =
+    "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, $3)
+    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence
+    WHERE fenced_registers.fence <= EXCLUDED.fence";
+pub(super) const REGISTER_UNFENCED: &str =
+    "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, 0)
+    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value";
+pub(super) const REGISTER_CREATE: &str =
+    "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, 1)
+    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, fence = 1
+    WHERE fenced_registers.fence = 0";
+pub(super) const REGISTER_SWAP: &str =
+    "UPDATE fenced_registers SET value = $2, fence = fence + 1 WHERE name = $1 AND fence = $3";
+pub(super) const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
+    SET value = convert_to((convert_from(value, 'UTF8')::bigint - $2)::text, 'UTF8')
+    WHERE name = $1 AND convert_from(value, 'UTF8')::bigint >= $2
+    RETURNING convert_from(value, 'UTF8')::bigint AS value";

@@ -1,0 +1,162 @@
+//! The lock backend and registers (kept in the lease tables).
+
+use super::*;
+
+impl LockBackend for PgAdvisory {
+    fn scheme(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn supports_fair(&self) -> bool {
+        false
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(self.attempt_inner(req))
+    }
+
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+        Box::pin(async move {
+            let checks = refs.iter().map(|r| async move {
+                let Some(hold) = unpoisoned(&self.holds).get(&r.hold_id).cloned() else {
+                    return Renewal::Gone;
+                };
+                // The session is alive, so the server still holds our lock.
+                let alive = touch(&hold, self.idle_timeout).await;
+                if alive {
+                    hold.deadline.send_replace(Instant::now() + r.lease);
+                }
+                Renewal::from(alive)
+            });
+            Ok(futures_util::future::join_all(checks).await)
+        })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.table.request_timeout()
+    }
+
+    fn identity(&self) -> String {
+        format!("{}?mode=advisory", self.table.identity())
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            self.end(&hold.hold_id).await.ok_or_else(|| {
+                Error::unavailable(
+                    "PostgreSQL: the session failed under the unlock; closing it freed the lock",
+                )
+            })
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        _name: &'a LockName,
+        _ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.end(hold_id).await;
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let (hi, lo) = halves(key(name.as_str()));
+            let rows = sqlx::query(HOLDERS)
+                .bind(hi)
+                .bind(lo)
+                .fetch_all(self.table.pool())
+                .await
+                .map_err(|e| self.db(e))?;
+            let last_token = self.table.last_token(name.as_str()).await?;
+            let mut holders = Vec::new();
+            let mut waiters = 0;
+            for r in rows {
+                if !r.try_get::<bool, _>("granted").map_err(|e| self.db(e))? {
+                    waiters += 1;
+                    continue;
+                }
+                let lmode: String = r.try_get("lmode").map_err(|e| self.db(e))?;
+                holders.push(HolderInfo {
+                    owner: r.try_get("owner").map_err(|e| self.db(e))?,
+                    mode: if lmode == "ShareLock" {
+                        Mode::Shared
+                    } else {
+                        Mode::Exclusive
+                    },
+                    // A session lock records no token: the last one issued.
+                    token: last_token,
+                    // and has no lease on the server while its session lives.
+                    lease_left: Duration::MAX,
+                });
+            }
+            Ok(LockStatus {
+                holders,
+                waiters,
+                last_token,
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let (hi, lo) = halves(key(name.as_str()));
+            let row = sqlx::query(TERMINATE)
+                .bind(hi)
+                .bind(lo)
+                .fetch_one(self.table.pool())
+                .await
+                .map_err(|e| self.db(e))?;
+            self.table.notify(name.as_str()).await;
+            Ok(row.try_get::<i64, _>("n").map_err(|e| self.db(e))? as usize)
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let ids: Vec<String> = unpoisoned(&self.holds).keys().cloned().collect();
+            for id in ids {
+                self.end(&id).await;
+            }
+            self.idle.clear();
+            self.table.close().await;
+        })
+    }
+}
+
+impl Store for PgAdvisory {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+        self.table.register_read(name)
+    }
+
+    fn register_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        fence: Option<u64>,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.table.register_write(name, fence, value)
+    }
+
+    fn register_swap<'a>(
+        &'a self,
+        name: &'a LockName,
+        expected: u64,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.table.register_swap(name, expected, value)
+    }
+
+    fn register_decrement<'a>(
+        &'a self,
+        name: &'a LockName,
+        by: i64,
+    ) -> BoxFuture<'a, Result<Option<i64>>> {
+        self.table.register_decrement(name, by)
+    }
+}
+
+impl Backend for PgAdvisory {}

@@ -1,0 +1,142 @@
+//! The lock backend: attempts, renewals, releases and status.
+
+use super::*;
+
+impl LockBackend for SqliteBackend {
+    fn scheme(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(async move {
+            let (outcome, changed) = self.attempt_tx(req).await?;
+            if changed {
+                self.notify(req.name.as_str()).await;
+            }
+            Ok(outcome)
+        })
+    }
+
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+        Box::pin(async move {
+            let now = now_ms();
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
+            let mut out = Vec::with_capacity(holds.len());
+            for h in holds {
+                let r = q(RENEW)
+                    .bind(&h.hold_id)
+                    .bind(now)
+                    .bind(now.saturating_add(ms(h.lease)))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                out.push(Renewal::from(r.rows_affected() == 1));
+            }
+            tx.commit().await.map_err(db)?;
+            Ok(out)
+        })
+    }
+
+    fn identity(&self) -> String {
+        // The file, whatever path led to it.
+        let file = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
+        format!("sqlite://{}", file.display())
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let row = q(RELEASE)
+                .bind(&hold.hold_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+            let Some(row) = row else { return Ok(false) };
+            let expires: i64 = row.try_get(0).map_err(db)?;
+            self.notify(hold.name.as_str()).await;
+            Ok(expires > now_ms())
+        })
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        name: &'a LockName,
+        ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if let Some(t) = ticket {
+                q(DELETE_TICKET)
+                    .bind(t)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(db)?;
+            }
+            q(RELEASE)
+                .bind(hold_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+            self.notify(name.as_str()).await;
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let now = now_ms();
+            let mut c = self.pool.acquire().await.map_err(db)?;
+            let rows = q(SELECT_HOLDS)
+                .bind(name.as_str())
+                .fetch_all(&mut *c)
+                .await
+                .map_err(db)?;
+            let mut holders = Vec::new();
+            for r in &rows {
+                let h = hold_row(r)?;
+                if h.expires_ms > now {
+                    holders.push(HolderInfo {
+                        owner: h.owner,
+                        mode: h.mode,
+                        token: h.token,
+                        lease_left: Duration::from_millis((h.expires_ms - now) as u64),
+                    });
+                }
+            }
+            let waiters: i64 = q(COUNT_WAITERS)
+                .bind(name.as_str())
+                .bind(now)
+                .fetch_one(&mut *c)
+                .await
+                .map_err(db)?
+                .try_get(0)
+                .map_err(db)?;
+            let last: Option<i64> = q(LAST_TOKEN)
+                .bind(name.as_str())
+                .fetch_optional(&mut *c)
+                .await
+                .map_err(db)
+                .and_then(scalar)?;
+            Ok(LockStatus {
+                holders,
+                waiters: waiters as usize,
+                last_token: last.unwrap_or(0) as u64,
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let r = q(FORCE_RELEASE)
+                .bind(name.as_str())
+                .execute(&self.pool)
+                .await
+                .map_err(db)?;
+            self.notify(name.as_str()).await;
+            Ok(r.rows_affected() as usize)
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move { self.pool.close().await })
+    }
+}

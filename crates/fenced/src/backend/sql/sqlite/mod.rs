@@ -1,0 +1,311 @@
+//! `sqlite:///path/to/locks.db`: the embedded default.
+//!
+//! A lease table in one SQLite file (WAL mode), shared by every process on
+//! the host that opens the same path. No server to run.
+//!
+//! # Layout
+//!
+//! [`SCHEMA`] below: `fenced_holds` has one row per grant (a mutex or write
+//! hold, a read hold, or a semaphore's permits) with its owner
+//! `<client id>:<owner id>`, mode, token and expiry; `fenced_tokens` keeps
+//! the last fencing token of every name, after release too, so tokens only
+//! rise; `fenced_waiters` holds blocked acquirers (the FIFO queue in fair
+//! mode, and where to wake them); `fenced_registers` holds fenced registers.
+//!
+//! Every grant is decided inside one `BEGIN IMMEDIATE` transaction (SQLite
+//! serialises writers, so two acquirers can never both win) by the same
+//! rule as every other backend ([`grantable`]).
+//!
+//! # Waking waiters without polling
+//!
+//! Each client binds a Unix datagram socket (in Linux's abstract namespace:
+//! no file to clean up; elsewhere a file in the temporary directory). A blocked acquirer records that address in
+//! `fenced_waiters` in the same transaction that found the lock busy; a
+//! release (or an expiry noticed by anyone) sends the lock name to the
+//! oldest waiting address after it commits. A crashed holder sends nothing, so a
+//! waiter also re-checks when the holder's lease runs out, and at least
+//! every couple of seconds. Only the oldest waiter is woken per change (see
+//! `notify`), so a release costs one re-attempt, not one per waiting process.
+//!
+//! # Guarantee and known holes
+//!
+//! Exact exclusion among processes on this host. Lease expiry is by the
+//! host's wall clock (all processes share it); a clock stepped forward by
+//! more than a lease can free a lock early, and the local lost signal, on
+//! the monotonic clock, does not see that. Fencing tokens are persisted in
+//! the file and never fall below the wall clock in microseconds.
+
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::spi::grant::{Held, grantable, next_token, permits_differ};
+use crate::spi::lease::QUEUE_TTL;
+use crate::spi::wake::Wakeups;
+use crate::spi::{
+    Attempt, Backend, Blocked, BoxFuture, DEFAULT_TIMEOUT, HoldRef, HolderInfo, LockBackend,
+    LockStatus, Mode, Outcome, RegisterValue, Renewal, Store, Ticket,
+};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Row, SqliteConnection};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+mod attempt;
+mod holds;
+mod queries;
+mod store;
+use queries::*;
+
+pub(crate) struct SqliteBackend {
+    pool: SqlitePool,
+    path: PathBuf,
+    wakeups: Arc<Wakeups>,
+    wake: wake::Endpoint,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+impl SqliteBackend {
+    pub(crate) async fn open(path: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
+        let path = path.split('?').next().unwrap_or_default();
+        if path.is_empty() {
+            return Err(Error::invalid(
+                "sqlite URL has no file path; write sqlite:///absolute/path/locks.db",
+            ));
+        }
+        let path = PathBuf::from(path);
+        let opts = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            // No longer than a request may take: a writer that holds the
+            // file longer makes the attempt fail (and retry while the
+            // caller's deadline allows) rather than wait on.
+            .busy_timeout(DEFAULT_TIMEOUT);
+        let cannot = |e: sqlx::Error| {
+            Error::unavailable(format!(
+                "cannot open the SQLite lock file {}: {e}",
+                path.display()
+            ))
+            .with_source(e)
+        };
+        // Switching a new file into WAL mode takes an exclusive lock that
+        // SQLite's busy timeout does not wait for (see sqlx's notes on
+        // `journal_mode`), so processes that open a fresh file together can
+        // be told "database is locked": retry that, briefly, with backoff.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut pause = Duration::from_millis(5);
+        let pool = loop {
+            match open_pool(opts.clone()).await {
+                Ok(pool) => break pool,
+                Err(e) if is_busy(&e) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(crate::retry::jitter(pause)).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                Err(e) => return Err(cannot(e)),
+            }
+        };
+        let wake = wake::Endpoint::bind(wakeups.clone())?;
+        Ok(Arc::new(SqliteBackend {
+            pool,
+            path,
+            wakeups,
+            wake,
+        }))
+    }
+}
+
+async fn open_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error> {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .min_connections(1)
+        .connect_with(opts)
+        .await?;
+    sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+    Ok(pool)
+}
+
+/// SQLITE_BUSY or SQLITE_LOCKED, with any extended code.
+fn is_busy(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+struct HoldRow {
+    hold_id: String,
+    owner: String,
+    mode: Mode,
+    token: u64,
+    expires_ms: i64,
+}
+
+fn hold_row(r: &sqlx::sqlite::SqliteRow) -> Result<HoldRow> {
+    let code: i64 = r.try_get("mode").map_err(db)?;
+    let take: i64 = r.try_get("take").map_err(db)?;
+    let max: i64 = r.try_get("max").map_err(db)?;
+    let mode = Mode::from_code(code, take as u32, max as u32)
+        .ok_or_else(|| Error::protocol(format!("fenced_holds has an unknown mode {code}")))?;
+    Ok(HoldRow {
+        hold_id: r.try_get("hold_id").map_err(db)?,
+        owner: r.try_get("owner").map_err(db)?,
+        mode,
+        token: r.try_get::<i64, _>("token").map_err(db)? as u64,
+        expires_ms: r.try_get("expires_ms").map_err(db)?,
+    })
+}
+
+/// The first column of an optional row.
+fn scalar<T>(row: Option<sqlx::sqlite::SqliteRow>) -> Result<Option<T>>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
+{
+    row.map(|r| r.try_get(0)).transpose().map_err(db)
+}
+
+fn q(
+    sql: &'static str,
+) -> sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+    sqlx::query(sql)
+}
+
+/// Maps a driver error: a busy or locked database and I/O trouble are
+/// transient; a row that does not decode is a protocol error.
+fn db(e: sqlx::Error) -> Error {
+    match e {
+        sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::TypeNotFound { .. } => {
+            Error::protocol(format!("unexpected data in the SQLite lock file: {e}")).with_source(e)
+        }
+        _ => Error::unavailable(format!("SQLite: {e}")).with_source(e),
+    }
+}
+
+impl std::fmt::Debug for SqliteBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SqliteBackend({})", self.path.display())
+    }
+}
+
+/// Datagram wake-ups between processes (see the module docs). Written by
+/// hand: no crate offers cross-process notification for SQLite.
+///
+/// On Linux the sockets live in the abstract namespace (no file to clean
+/// up, and every user of the host can reach them); elsewhere (macOS, the
+/// BSDs) they are files in the temporary directory, removed when the
+/// client closes, and a process of another user may not be able to reach
+/// them: its waiters then find the lock free by their timed re-check.
+mod wake {
+    use crate::error::{Error, Result};
+    use crate::spi::wake::Wakeups;
+    use std::os::unix::net::UnixDatagram;
+    use std::sync::Arc;
+
+    pub(super) struct Endpoint {
+        addr: String,
+        sender: UnixDatagram,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn fail(e: std::io::Error) -> Error {
+        Error::unavailable(format!("cannot bind a wake-up socket: {e}")).with_source(e)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn socket_addr(name: &str) -> std::io::Result<std::os::unix::net::SocketAddr> {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn socket_addr(name: &str) -> std::io::Result<std::os::unix::net::SocketAddr> {
+        std::os::unix::net::SocketAddr::from_pathname(name)
+    }
+
+    /// A fresh address, and the socket bound to it.
+    #[cfg(target_os = "linux")]
+    fn bind() -> Result<(String, UnixDatagram)> {
+        let addr = format!("fenced/{}", uuid::Uuid::new_v4().simple());
+        let sock = UnixDatagram::bind_addr(&socket_addr(&addr).map_err(fail)?).map_err(fail)?;
+        Ok((addr, sock))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn bind() -> Result<(String, UnixDatagram)> {
+        // Short: a socket path has room for about 100 bytes on macOS.
+        let id = &uuid::Uuid::new_v4().simple().to_string()[..16];
+        let path = std::env::temp_dir().join(format!("fenced-{id}.sock"));
+        let sock = UnixDatagram::bind(&path).map_err(fail)?;
+        Ok((path.display().to_string(), sock))
+    }
+
+    impl Endpoint {
+        pub(super) fn bind(wakeups: Arc<Wakeups>) -> Result<Self> {
+            let (addr, sock) = bind()?;
+            sock.set_nonblocking(true).map_err(fail)?;
+            let sock = tokio::net::UnixDatagram::from_std(sock).map_err(fail)?;
+            let sender = UnixDatagram::unbound().map_err(fail)?;
+            sender.set_nonblocking(true).map_err(fail)?;
+            let task = tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                loop {
+                    match sock.recv(&mut buf).await {
+                        Ok(n) => {
+                            if let Ok(name) = std::str::from_utf8(&buf[..n]) {
+                                wakeups.bump(name);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "wake-up socket failed; waiters fall back to timed re-checks");
+                            return;
+                        }
+                    }
+                }
+            });
+            Ok(Endpoint { addr, sender, task })
+        }
+
+        pub(super) fn addr(&self) -> &str {
+            &self.addr
+        }
+
+        /// Sends `name` to `addr`; false when nobody listens there any more.
+        /// A full receive queue counts as delivered: that process already has
+        /// wake-ups pending.
+        pub(super) fn send(&self, addr: &str, name: &str) -> bool {
+            let Ok(to) = socket_addr(addr) else {
+                return false;
+            };
+            match self.sender.send_to_addr(name.as_bytes(), &to) {
+                Ok(_) => true,
+                Err(e) => !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                ),
+            }
+        }
+    }
+
+    impl Drop for Endpoint {
+        fn drop(&mut self) {
+            self.task.abort();
+            #[cfg(not(target_os = "linux"))]
+            let _ = std::fs::remove_file(&self.addr);
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! The lease tables and the statements on them.
+
+/// The tables, created on first use (also shown in the README).
+pub(crate) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS fenced_holds (
+    hold_id    TEXT PRIMARY KEY,
+    name       TEXT NOT NULL,
+    owner      TEXT NOT NULL,      -- <client id>:<owner id>
+    mode       INTEGER NOT NULL,   -- 0 exclusive, 1 shared, 2 permits
+    take       INTEGER NOT NULL,   -- permits taken (mode 2)
+    max        INTEGER NOT NULL,   -- permits in all (mode 2)
+    token      INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL    -- host wall clock, ms since 1970
+);
+CREATE INDEX IF NOT EXISTS fenced_holds_name ON fenced_holds (name);
+CREATE TABLE IF NOT EXISTS fenced_tokens (
+    name  TEXT PRIMARY KEY,
+    token INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fenced_waiters (
+    ticket     INTEGER PRIMARY KEY AUTOINCREMENT,
+    name       TEXT NOT NULL,
+    fair       INTEGER NOT NULL,
+    wake_addr  TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fenced_waiters_name ON fenced_waiters (name, ticket);
+CREATE TABLE IF NOT EXISTS fenced_registers (
+    name  TEXT PRIMARY KEY,
+    value BLOB NOT NULL,
+    fence INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
+pub(super) const PURGE_HOLDS: &str =
+    "DELETE FROM fenced_holds WHERE name = ?1 AND expires_ms <= ?2";
+pub(super) const PURGE_WAITERS: &str =
+    "DELETE FROM fenced_waiters WHERE name = ?1 AND expires_ms <= ?2";
+pub(super) const SELECT_HOLDS: &str =
+    "SELECT hold_id, owner, mode, take, max, token, expires_ms FROM fenced_holds WHERE name = ?1";
+pub(super) const MY_TICKET: &str =
+    "SELECT ticket FROM fenced_waiters WHERE ticket = ?1 AND name = ?2";
+pub(super) const FAIR_AHEAD: &str =
+    "SELECT EXISTS (SELECT 1 FROM fenced_waiters WHERE name = ?1 AND fair = 1 AND ticket < ?2)";
+pub(super) const LAST_TOKEN: &str = "SELECT token FROM fenced_tokens WHERE name = ?1";
+pub(super) const SET_TOKEN: &str = "INSERT INTO fenced_tokens (name, token) VALUES (?1, ?2)
+    ON CONFLICT (name) DO UPDATE SET token = excluded.token";
+pub(super) const INSERT_HOLD: &str = "INSERT INTO fenced_holds
+    (hold_id, name, owner, mode, take, max, token, expires_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+pub(super) const DELETE_TICKET: &str = "DELETE FROM fenced_waiters WHERE ticket = ?1";
+pub(super) const REFRESH_TICKET: &str =
+    "UPDATE fenced_waiters SET expires_ms = ?2 WHERE ticket = ?1";
+pub(super) const INSERT_WAITER: &str =
+    "INSERT INTO fenced_waiters (name, fair, wake_addr, expires_ms)
+    VALUES (?1, ?2, ?3, ?4) RETURNING ticket";
+pub(super) const RENEW: &str =
+    "UPDATE fenced_holds SET expires_ms = ?3 WHERE hold_id = ?1 AND expires_ms > ?2";
+pub(super) const RELEASE: &str = "DELETE FROM fenced_holds WHERE hold_id = ?1 RETURNING expires_ms";
+pub(super) const WAKE_ADDRS: &str = "SELECT wake_addr FROM fenced_waiters
+    WHERE name = ?1 AND expires_ms > ?2 ORDER BY ticket LIMIT 8";
+pub(super) const FORGET_ADDR: &str = "DELETE FROM fenced_waiters WHERE wake_addr = ?1";
+pub(super) const COUNT_WAITERS: &str =
+    "SELECT COUNT(*) FROM fenced_waiters WHERE name = ?1 AND expires_ms > ?2";
+pub(super) const FORCE_RELEASE: &str = "DELETE FROM fenced_holds WHERE name = ?1";
+pub(super) const REGISTER_READ: &str =
+    "SELECT CAST(value AS BLOB) AS value, fence FROM fenced_registers WHERE name = ?1";
+pub(super) const REGISTER_FENCED: &str =
+    "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, ?3)
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value, fence = excluded.fence
+    WHERE fenced_registers.fence <= excluded.fence";
+pub(super) const REGISTER_UNFENCED: &str =
+    "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 0)
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+pub(super) const REGISTER_CREATE: &str =
+    "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 1)
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value, fence = 1
+    WHERE fenced_registers.fence = 0";
+pub(super) const REGISTER_SWAP: &str =
+    "UPDATE fenced_registers SET value = ?2, fence = fence + 1 WHERE name = ?1 AND fence = ?3";
+pub(super) const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
+    SET value = CAST(CAST(CAST(value AS INTEGER) - ?2 AS TEXT) AS BLOB)
+    WHERE name = ?1 AND CAST(value AS INTEGER) >= ?2
+    RETURNING CAST(value AS INTEGER) AS value";

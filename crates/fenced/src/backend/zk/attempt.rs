@@ -1,0 +1,220 @@
+//! One try, and the end of a hold.
+
+use super::*;
+
+impl Inner {
+    pub(super) async fn attempt(self: &Arc<Self>, req: &Attempt) -> Result<Outcome> {
+        let dir = Self::path_of(&req.name)?;
+        let z = self.client();
+        let own = self.own_node(req);
+        // An earlier try's create may have gone through with its answer
+        // lost (it timed out, or its future was dropped): adopt that node
+        // rather than queue a second one behind it.
+        if unpoisoned(&own.child).is_none() && own.create_sent.load(Ordering::Acquire) {
+            self.find_protected(&z, &dir, &own).await?;
+        }
+        let listed = if unpoisoned(&own.child).is_none() {
+            self.create_and_list(&z, &dir, &own, req).await?
+        } else {
+            None
+        };
+        let mine = unpoisoned(&own.child).clone().unwrap_or_default();
+        let children = match listed {
+            Some(c) => c,
+            None => match z.list_children(&dir).await {
+                Ok(c) => c,
+                Err(zk::Error::NoNode) => Vec::new(),
+                Err(e) => return Err(self.err(e)),
+            },
+        };
+        let q = queue(children);
+        let Some(me) = q.iter().position(|(c, _)| *c == mine) else {
+            // Our node is gone (the session ended, or it was deleted):
+            // never act on a queue we are not in.
+            unpoisoned(&self.nodes).remove(&req.hold_id);
+            return Ok(Outcome::Busy(Blocked {
+                ticket: None,
+                retry_after: Some(Duration::from_millis(1)),
+            }));
+        };
+        let owners: Vec<Option<String>> =
+            q.iter().map(|(c, _)| self.owner_of(&req.name, c)).collect();
+        let view: Vec<(&[u8], Mode)> = q.iter().map(|(c, m)| (c.as_bytes(), *m)).collect();
+        let wait = waits_for(&view, me, |i| {
+            i != me && owners[i].as_deref() == Some(req.owner_key.as_str())
+        });
+        let token = *unpoisoned(&own.czxid);
+        match wait {
+            Wait::Granted => {
+                if let Some(w) = unpoisoned(&own.watcher).take() {
+                    w.abort();
+                }
+                self.mark_earlier_holds(&own, token);
+                let (me, id) = (self.clone(), req.hold_id.clone());
+                arm_lease_once(&own.deadline, req.lease, async move {
+                    me.end_patiently(&id, crate::backend::queue::TRIES_WAITED_ON)
+                        .await;
+                });
+                Ok(Outcome::Granted {
+                    token: token as u64,
+                    session: Some(self.clock.bound_of(own.session)),
+                })
+            }
+            Wait::Refused(theirs) => {
+                self.end_patiently(&req.hold_id, crate::backend::queue::TRIES_WAITED_ON)
+                    .await;
+                let ours = req.mode.permits().1;
+                Ok(Outcome::Refused(permits_differ(
+                    req.name.as_str(),
+                    theirs,
+                    ours,
+                )))
+            }
+            _ if !req.will_wait => {
+                self.end_patiently(&req.hold_id, crate::backend::queue::TRIES_WAITED_ON)
+                    .await;
+                Ok(Outcome::Busy(Blocked {
+                    ticket: None,
+                    retry_after: None,
+                }))
+            }
+            w => {
+                let wakeups = self.wakeups.clone();
+                let name = req.name.clone();
+                let task = match w {
+                    Wait::Key(k) => {
+                        let path = format!("{dir}/{}", String::from_utf8_lossy(&k));
+                        match z.get_and_watch_data(&path).await {
+                            Ok((_, _, watcher)) => tokio::spawn(async move {
+                                watcher.changed().await;
+                                wakeups.bump(name.as_str());
+                            }),
+                            // Gone already: look again at once.
+                            Err(zk::Error::NoNode) => {
+                                return Ok(Outcome::Busy(Blocked {
+                                    ticket: Some(token),
+                                    retry_after: Some(Duration::from_millis(1)),
+                                }));
+                            }
+                            Err(e) => return Err(self.err(e)),
+                        }
+                    }
+                    _ => match z.list_and_watch_children(&dir).await {
+                        Ok((_, watcher)) => tokio::spawn(async move {
+                            watcher.changed().await;
+                            wakeups.bump(name.as_str());
+                        }),
+                        Err(e) => return Err(self.err(e)),
+                    },
+                };
+                if let Some(old) = unpoisoned(&own.watcher).replace(task) {
+                    old.abort();
+                }
+                Ok(Outcome::Busy(Blocked {
+                    ticket: Some(token),
+                    retry_after: None,
+                }))
+            }
+        }
+    }
+
+    /// Exclusive holds of this client on `own`'s name granted before it
+    /// (lower tokens) learn that a later hold exists, so their releases
+    /// do not overwrite its token in the last-token record.
+    pub(super) fn mark_earlier_holds(&self, own: &OwnNode, token: i64) {
+        for o in unpoisoned(&self.nodes).values() {
+            if o.name == own.name
+                && o.exclusive
+                && unpoisoned(&o.deadline).is_some()
+                && *unpoisoned(&o.czxid) < token
+            {
+                o.later_sibling.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Deletes the node of `hold_id` and forgets it; whether it was still
+    /// there. On an error the node is kept, to try again.
+    pub(super) async fn end(&self, hold_id: &str) -> Result<bool> {
+        let Some(own) = unpoisoned(&self.nodes).get(hold_id).cloned() else {
+            return Ok(false);
+        };
+        // A create that went out without its answer (dropped, timed out,
+        // failed oddly) may have made a node: find it by its protected id,
+        // or it would head the queue, unnamed, until the session ends.
+        if unpoisoned(&own.child).is_none()
+            && own.create_sent.load(Ordering::Acquire)
+            && own.session == self.session()
+        {
+            let dir = Self::path_of(&own.name)?;
+            self.find_protected(&self.client(), &dir, &own).await?;
+        }
+        let child = unpoisoned(&own.child).clone();
+        let granted = unpoisoned(&own.deadline).is_some();
+        let mut was = false;
+        if let Some(child) = child
+            && own.session == self.session()
+        {
+            let path = format!("{}/{child}", Self::path_of(&own.name)?);
+            let token = *unpoisoned(&own.czxid) as u64;
+            let z = self.client();
+            let mut recorded = false;
+            if granted && own.exclusive && !own.later_sibling.load(Ordering::Acquire) {
+                // Exclusive holders of a name release in token order (but
+                // for a later hold of this client's own, marked above), so
+                // one multi deletes the node and overwrites the record:
+                // a release in one round trip. If either op fails (the
+                // node is gone, the record is not there yet) nothing is
+                // applied and the steps below run one by one.
+                let tokens = format!("{TOKENS}/{}", own.name.as_str());
+                let record = encode_register(token, b"");
+                let mut w = z.new_multi_writer();
+                if w.add_delete(&path, None).is_ok()
+                    && w.add_set_data(&tokens, &record, None).is_ok()
+                {
+                    match w.commit().await {
+                        Ok(_) => {
+                            was = true;
+                            recorded = true;
+                        }
+                        Err(zk::MultiWriteError::OperationFailed { .. }) => {}
+                        // The request itself failed: it may have been
+                        // applied (a lost reply), so a delete now finding
+                        // no node would prove nothing. Let the caller try
+                        // again.
+                        Err(zk::MultiWriteError::RequestFailed { source }) => {
+                            return Err(self.err(source));
+                        }
+                    }
+                }
+            }
+            if !recorded {
+                match z.delete(&path, None).await {
+                    Ok(()) => was = true,
+                    Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(self.err(e)),
+                }
+                if was
+                    && granted
+                    && let Err(e) = self.record_token(&own.name, token).await
+                {
+                    // The hold is released; only `status`'s last token lags.
+                    tracing::warn!(lock = %own.name.as_str(), error = %e, "could not record the last token");
+                }
+            }
+        }
+        unpoisoned(&self.nodes).remove(hold_id);
+        if let Some(d) = unpoisoned(&own.deadline).take() {
+            d.send_replace(Instant::now());
+        }
+        self.wakeups.bump(own.name.as_str());
+        Ok(was)
+    }
+
+    /// [`end`](Self::end), trying transient errors again for a while.
+    pub(super) async fn end_patiently(&self, hold_id: &str, tries: u32) {
+        // A session that ends takes its nodes with it; a terminal session
+        // error is not transient and stops the retries.
+        crate::backend::queue::retry_transient(|| self.end(hold_id), tries, || true).await
+    }
+}

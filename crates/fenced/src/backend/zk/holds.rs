@@ -1,0 +1,197 @@
+//! The lock backend: attempts, renewals, releases and status.
+
+use super::*;
+
+impl LockBackend for ZkBackend {
+    fn scheme(&self) -> &'static str {
+        "zk"
+    }
+
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+        Box::pin(self.inner.attempt(req))
+    }
+
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let session = inner.session();
+            let z = inner.client();
+            let checks = refs.iter().map(|r| {
+                let z = z.clone();
+                async move {
+                    let Some(own) = unpoisoned(&inner.nodes).get(&r.hold_id).cloned() else {
+                        return Renewal::Gone;
+                    };
+                    let child = unpoisoned(&own.child).clone();
+                    let (Some(child), true) = (child, own.session == session) else {
+                        return Renewal::Gone;
+                    };
+                    let Ok(dir) = Inner::path_of(&own.name) else {
+                        return Renewal::Gone;
+                    };
+                    // One hold's failed look says nothing of the others'.
+                    let Ok(stat) = z.check_stat(&format!("{dir}/{child}")).await else {
+                        return Renewal::Unknown;
+                    };
+                    let here = stat.is_some_and(|s| s.czxid == *unpoisoned(&own.czxid));
+                    if here && let Some(d) = unpoisoned(&own.deadline).as_ref() {
+                        d.send_replace(Instant::now() + r.lease);
+                    }
+                    Renewal::from(here)
+                }
+            });
+            Ok(futures_util::future::join_all(checks).await)
+        })
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    fn identity(&self) -> String {
+        self.inner.identity.clone()
+    }
+
+    fn ownership(&self, hold: &HoldRef) -> Option<crate::spi::Ownership> {
+        let own = unpoisoned(&self.inner.nodes).get(&hold.hold_id).cloned()?;
+        let child = unpoisoned(&own.child).clone()?;
+        let dir = Inner::path_of(&own.name).ok()?;
+        Some(crate::spi::Ownership {
+            key: format!("{dir}/{child}").into_bytes(),
+            revision: *unpoisoned(&own.czxid) as u64,
+        })
+    }
+
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.inner.end(&hold.hold_id))
+    }
+
+    fn release_later(&self, hold: HoldRef) {
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            inner
+                .end_patiently(&hold.hold_id, crate::backend::queue::TRIES_IN_BACKGROUND)
+                .await
+        });
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        _name: &'a LockName,
+        _ticket: Option<Ticket>,
+        hold_id: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.inner
+                .end_patiently(hold_id, crate::backend::queue::TRIES_WAITED_ON)
+                .await;
+            Ok(())
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let dir = Inner::path_of(name)?;
+            let z = inner.client();
+            let children = match z.list_children(&dir).await {
+                Ok(c) => c,
+                Err(zk::Error::NoNode) => Vec::new(),
+                Err(e) => return Err(inner.err(e)),
+            };
+            let q = queue(children);
+            let owners: Vec<Option<String>> =
+                q.iter().map(|(c, _)| inner.owner_of(name, c)).collect();
+            let view: Vec<(&[u8], Mode)> = q.iter().map(|(c, m)| (c.as_bytes(), *m)).collect();
+            let mut last_token = inner.meta_get(TOKENS, name).await?.map_or(0, |(_, f, _)| f);
+            let mut holders = Vec::new();
+            let mut waiters = 0;
+            for ((i, (child, mode)), granted) in q.iter().enumerate().zip(grants(&view, &owners)) {
+                if !granted {
+                    waiters += 1;
+                    continue;
+                }
+                let Some(stat) = z
+                    .check_stat(&format!("{dir}/{child}"))
+                    .await
+                    .map_err(|e| inner.err(e))?
+                else {
+                    continue;
+                };
+                let token = stat.czxid as u64;
+                last_token = last_token.max(token);
+                let lease_left = unpoisoned(&inner.nodes)
+                    .values()
+                    .find(|o| unpoisoned(&o.child).as_deref() == Some(child.as_str()))
+                    .and_then(|o| {
+                        unpoisoned(&o.deadline)
+                            .as_ref()
+                            .map(|d| d.borrow().saturating_duration_since(Instant::now()))
+                    })
+                    .unwrap_or(inner.session_timeout);
+                holders.push(HolderInfo {
+                    owner: owners[i]
+                        .clone()
+                        .unwrap_or_else(|| format!("zk session {:x}", stat.ephemeral_owner)),
+                    mode: *mode,
+                    token,
+                    lease_left,
+                });
+            }
+            Ok(LockStatus {
+                holders,
+                waiters,
+                last_token,
+            })
+        })
+    }
+
+    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let dir = Inner::path_of(name)?;
+            let z = inner.client();
+            let children = match z.list_children(&dir).await {
+                Ok(c) => c,
+                Err(zk::Error::NoNode) => return Ok(0),
+                Err(e) => return Err(inner.err(e)),
+            };
+            let q = queue(children);
+            let owners: Vec<Option<String>> =
+                q.iter().map(|(c, _)| inner.owner_of(name, c)).collect();
+            let view: Vec<(&[u8], Mode)> = q.iter().map(|(c, m)| (c.as_bytes(), *m)).collect();
+            let mut dropped = 0;
+            let mut top = 0;
+            // The holders only: waiters keep their places.
+            for ((child, _), granted) in q.iter().zip(grants(&view, &owners)) {
+                if !granted {
+                    continue;
+                }
+                let path = format!("{dir}/{child}");
+                if let Ok(Some(stat)) = z.check_stat(&path).await {
+                    top = top.max(stat.czxid as u64);
+                }
+                match z.delete(&path, None).await {
+                    Ok(()) => dropped += 1,
+                    Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(inner.err(e)),
+                }
+            }
+            if top > 0 {
+                inner.record_token(name, top).await?;
+            }
+            inner.wakeups.bump(name.as_str());
+            Ok(dropped)
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.monitor.abort();
+            let ids: Vec<String> = unpoisoned(&self.inner.nodes).keys().cloned().collect();
+            for id in ids {
+                let _ = self.inner.end(&id).await;
+            }
+        })
+    }
+}
