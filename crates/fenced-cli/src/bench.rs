@@ -1,4 +1,4 @@
-//! `fenced bench`: the scenarios of BENCHMARKS.md, each beside the
+//! `fenced bench`: the scenarios of docs/bench-scenarios.md, each beside the
 //! engine's own limit measured in the same run.
 //!
 //! - S1 uncontended: one client, acquire + release of `bench:s1`.

@@ -67,7 +67,7 @@ enum Command {
     Demo(demo::Demo),
     #[command(hide = true)]
     DemoWorker(demo::WorkerArgs),
-    /// Benchmark scenarios (BENCHMARKS.md) beside the engine's own limit.
+    /// Benchmark scenarios (docs/bench-scenarios.md) beside the engine's own limit.
     Bench(bench::BenchArgs),
     #[command(hide = true)]
     BenchHandoffWorker(bench::HandoffWorkerArgs),

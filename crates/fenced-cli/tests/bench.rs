@@ -1,4 +1,4 @@
-//! `fenced bench` runs every scenario and its rows say what BENCHMARKS.md
+//! `fenced bench` runs every scenario and its rows say what docs/bench-scenarios.md
 //! asks; the figures themselves are never asserted (tests do not time).
 
 use std::process::Command;

@@ -89,7 +89,7 @@ impl Space {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         clients.retain(|w| match w.upgrade() {
             Some(w) => {
-                w.bump(name);
+                w.wake(name);
                 true
             }
             None => false,

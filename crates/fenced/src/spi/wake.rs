@@ -2,12 +2,12 @@
 //!
 //! Each backend turns its engine's notification (a release in the same
 //! process, a datagram from another process, Redis pub/sub, a ZooKeeper
-//! watch, PostgreSQL NOTIFY) into [`Wakeups::bump`] for the lock name.
+//! watch, PostgreSQL NOTIFY) into [`Wakeups::wake`] for the lock name.
 //! Waiters read the name's version before they attempt and wait for it to
-//! change, so a bump that lands between the attempt and the wait is never
+//! change, so a wake-up that lands between the attempt and the wait is never
 //! missed. Each waiter has its own version, so a backend that knows who
 //! is next in a wait queue (Redis publishes the head's ticket) wakes that
-//! waiter alone with [`Wakeups::bump_ticket`]. A waiter whose attempt is
+//! waiter alone with [`Wakeups::wake_ticket`]. A waiter whose attempt is
 //! still on its way when such a message comes does not know its ticket
 //! yet: the slot remembers the tickets it heard, and the waiter wakes when
 //! it learns its ticket only if that ticket was among them.
@@ -57,7 +57,7 @@ impl Slot {
 
 impl Wakeups {
     /// Tells the waiters of `name` to look again. Cheap when nobody waits.
-    pub(crate) fn bump(&self, name: &str) {
+    pub(crate) fn wake(&self, name: &str) {
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         for slot in names.get(name).into_iter().flatten() {
             slot.wake();
@@ -71,7 +71,7 @@ impl Wakeups {
     /// The others stay asleep: a release that only the head can use wakes
     /// only the head.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn bump_ticket(&self, name: &str, ticket: Ticket) {
+    pub(crate) fn wake_ticket(&self, name: &str, ticket: Ticket) {
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         for slot in names.get(name).into_iter().flatten() {
             let mut heard = slot.heard();
@@ -107,7 +107,7 @@ impl Wakeups {
 
     /// Tells every waiter to look again (after a lost notification channel).
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-    pub(crate) fn bump_all(&self) {
+    pub(crate) fn wake_all(&self) {
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         for slot in names.values().flatten() {
             slot.wake();
@@ -186,12 +186,12 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn bump_between_attempt_and_wait_is_seen() {
+    async fn wake_between_attempt_and_wait_is_seen() {
         let w = Arc::new(Wakeups::default());
         let mut i = w.interest("a");
         let seen = i.version();
-        w.bump("a");
-        w.bump("b"); // nobody listens: no entry is made
+        w.wake("a");
+        w.wake("b"); // nobody listens: no entry is made
         tokio::time::timeout(std::time::Duration::from_secs(5), i.changed_since(seen))
             .await
             .expect("woken");
@@ -207,7 +207,7 @@ mod tests {
         head.set_ticket(Some(7));
         next.set_ticket(Some(8));
         let seen = (head.version(), next.version(), fresh.version());
-        w.bump_ticket("a", 7);
+        w.wake_ticket("a", 7);
         let soon = std::time::Duration::from_secs(5);
         tokio::time::timeout(soon, head.changed_since(seen.0))
             .await
@@ -220,10 +220,10 @@ mod tests {
         );
         fresh.set_ticket(Some(9));
         assert_eq!(fresh.version(), seen.2, "ticket 9 was not called");
-        w.bump("a");
+        w.wake("a");
         tokio::time::timeout(soon, next.changed_since(seen.1))
             .await
-            .expect("a plain bump wakes everyone");
+            .expect("a plain wake-up wakes everyone");
         drop((head, next));
         assert_eq!(w.len(), 1);
         drop(fresh);
@@ -241,7 +241,7 @@ mod tests {
         );
         let seen = [&called, &other, &plain, &flooded].map(|i| i.version());
         // Every attempt is on its way when the release names ticket 5.
-        w.bump_ticket("a", 5);
+        w.wake_ticket("a", 5);
         called.set_ticket(Some(5));
         other.set_ticket(Some(6));
         plain.set_ticket(None);
@@ -249,9 +249,9 @@ mod tests {
         assert_eq!(other.version(), seen[1], "another ticket was called");
         assert_ne!(plain.version(), seen[2], "no ticket: any call may be ours");
         // Only what was heard before the ticket was known counts.
-        w.bump_ticket("a", 100);
+        w.wake_ticket("a", 100);
         for t in 0..HEARD_MAX as i64 + 1 {
-            w.bump_ticket("a", 200 + t);
+            w.wake_ticket("a", 200 + t);
         }
         flooded.set_ticket(Some(1));
         assert_ne!(flooded.version(), seen[3], "past the bound, it wakes");
@@ -259,7 +259,7 @@ mod tests {
         other.set_ticket(Some(100));
         assert_eq!(other.version(), before, "100 was called after 6 was known");
         let before = plain.version();
-        w.bump_ticket("a", 300);
+        w.wake_ticket("a", 300);
         assert_ne!(
             plain.version(),
             before,

@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl Inner {
+impl EtcdShared {
     pub(super) fn err(&self, e: etcd_client::Error) -> Error {
         map_err(&self.label, e)
     }
@@ -186,7 +186,7 @@ impl Inner {
                             }
                         }
                     }
-                    wakeups.bump(name.as_str());
+                    wakeups.wake(name.as_str());
                 });
                 if let Some(old) = unpoisoned(&own.watcher).replace(task) {
                     old.abort();
@@ -231,7 +231,7 @@ impl Inner {
         if let Some(d) = unpoisoned(&own.deadline).take() {
             d.send_replace(Instant::now());
         }
-        self.wakeups.bump(own.name.as_str());
+        self.wakeups.wake(own.name.as_str());
         Ok(done)
     }
 

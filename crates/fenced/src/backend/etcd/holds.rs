@@ -163,7 +163,7 @@ impl LockBackend for EtcdBackend {
             etcd.txn(Txn::new().and_then(ops))
                 .await
                 .map_err(|e| inner.err(e))?;
-            inner.wakeups.bump(name.as_str());
+            inner.wakeups.wake(name.as_str());
             Ok(holders.len())
         })
     }

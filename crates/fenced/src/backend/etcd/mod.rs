@@ -151,11 +151,11 @@ struct Session {
 }
 
 pub(crate) struct EtcdBackend {
-    inner: Arc<Inner>,
+    inner: Arc<EtcdShared>,
     keeper: tokio::task::JoinHandle<()>,
 }
 
-struct Inner {
+struct EtcdShared {
     etcd: Etcd,
     label: String,
     /// `etcd://` and the endpoints, sorted.
@@ -220,7 +220,7 @@ impl EtcdBackend {
             .collect();
         hosts.sort();
         hosts.dedup();
-        let inner = Arc::new(Inner {
+        let inner = Arc::new(EtcdShared {
             etcd,
             label,
             identity: format!("etcd://{}", hosts.join(",")),

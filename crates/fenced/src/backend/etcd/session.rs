@@ -8,7 +8,7 @@ use super::*;
 /// it last granted, from when that keep-alive was sent, less the drift
 /// holds allow for. That reckoning spans re-opened streams, so a stream
 /// that keeps breaking cannot keep a dead session believed.
-pub(super) async fn keep_alive(inner: Arc<Inner>, granted: Instant) {
+pub(super) async fn keep_alive(inner: Arc<EtcdShared>, granted: Instant) {
     let ttl = Duration::from_secs(inner.session.ttl as u64);
     let period = ttl / 3;
     let mut etcd = inner.etcd.clone();
@@ -23,7 +23,7 @@ pub(super) async fn keep_alive(inner: Arc<Inner>, granted: Instant) {
                     inner.session.clock.start(r.id(), lives_until);
                     inner.session.lease.store(r.id(), Ordering::Release);
                     inner.session.epoch.fetch_add(1, Ordering::AcqRel);
-                    inner.wakeups.bump_all();
+                    inner.wakeups.wake_all();
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "etcd: no new session lease yet");
@@ -73,7 +73,7 @@ pub(super) async fn keep_alive(inner: Arc<Inner>, granted: Instant) {
     }
 }
 
-pub(super) fn drop_session(inner: &Inner, id: i64) {
+pub(super) fn drop_session(inner: &EtcdShared, id: i64) {
     if inner
         .session
         .lease
@@ -83,7 +83,7 @@ pub(super) fn drop_session(inner: &Inner, id: i64) {
         tracing::warn!(lease = id, "etcd session lease lost; its holds are lost");
         inner.session.clock.end(id);
         inner.session.epoch.fetch_add(1, Ordering::AcqRel);
-        inner.wakeups.bump_all();
+        inner.wakeups.wake_all();
         // A lease we stopped hearing about may still live on the server,
         // keeping our keys in every queue; each leader election resets its
         // TTL, so under a string of elections it never runs out (the

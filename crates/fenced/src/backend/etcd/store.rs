@@ -128,7 +128,7 @@ impl Backend for EtcdBackend {
     }
 }
 
-impl Inner {
+impl EtcdShared {
     pub(super) fn register_key(name: &LockName) -> Vec<u8> {
         format!("{REGISTER_PREFIX}{}", name.as_str()).into_bytes()
     }

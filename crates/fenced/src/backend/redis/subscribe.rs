@@ -146,8 +146,8 @@ async fn read(
         // The queue's head ticket wakes that waiter alone; anything
         // else (Redisson's unlock `0`, its read-unlock `1`) wakes all.
         match (name, msg.get_payload::<i64>().ok()) {
-            (Some(name), Some(ticket)) if ticket > 1 => wakeups.bump_ticket(&name, ticket),
-            (Some(name), _) => wakeups.bump(&name),
+            (Some(name), Some(ticket)) if ticket > 1 => wakeups.wake_ticket(&name, ticket),
+            (Some(name), _) => wakeups.wake(&name),
             (None, _) => {}
         }
     }
@@ -155,7 +155,7 @@ async fn read(
     *sink.lock().await = None;
     let names: Vec<Arc<str>> = unpoisoned(&channels).drain().map(|(_, n)| n).collect();
     for n in names {
-        wakeups.bump(&n);
+        wakeups.wake(&n);
     }
 }
 

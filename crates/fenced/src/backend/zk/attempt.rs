@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl Inner {
+impl ZkShared {
     pub(super) async fn attempt(self: &Arc<Self>, req: &Attempt) -> Result<Outcome> {
         let dir = Self::path_of(&req.name)?;
         let z = self.client();
@@ -87,7 +87,7 @@ impl Inner {
                         match z.get_and_watch_data(&path).await {
                             Ok((_, _, watcher)) => tokio::spawn(async move {
                                 watcher.changed().await;
-                                wakeups.bump(name.as_str());
+                                wakeups.wake(name.as_str());
                             }),
                             // Gone already: look again at once.
                             Err(zk::Error::NoNode) => {
@@ -102,7 +102,7 @@ impl Inner {
                     _ => match z.list_and_watch_children(&dir).await {
                         Ok((_, watcher)) => tokio::spawn(async move {
                             watcher.changed().await;
-                            wakeups.bump(name.as_str());
+                            wakeups.wake(name.as_str());
                         }),
                         Err(e) => return Err(self.err(e)),
                     },
@@ -207,7 +207,7 @@ impl Inner {
         if let Some(d) = unpoisoned(&own.deadline).take() {
             d.send_replace(Instant::now());
         }
-        self.wakeups.bump(own.name.as_str());
+        self.wakeups.wake(own.name.as_str());
         Ok(was)
     }
 

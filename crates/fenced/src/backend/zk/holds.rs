@@ -26,7 +26,7 @@ impl LockBackend for ZkBackend {
                     let (Some(child), true) = (child, own.session == session) else {
                         return Renewal::Gone;
                     };
-                    let Ok(dir) = Inner::path_of(&own.name) else {
+                    let Ok(dir) = ZkShared::path_of(&own.name) else {
                         return Renewal::Gone;
                     };
                     // One hold's failed look says nothing of the others'.
@@ -55,7 +55,7 @@ impl LockBackend for ZkBackend {
     fn ownership(&self, hold: &HoldRef) -> Option<crate::spi::Ownership> {
         let own = unpoisoned(&self.inner.nodes).get(&hold.hold_id).cloned()?;
         let child = unpoisoned(&own.child).clone()?;
-        let dir = Inner::path_of(&own.name).ok()?;
+        let dir = ZkShared::path_of(&own.name).ok()?;
         Some(crate::spi::Ownership {
             key: format!("{dir}/{child}").into_bytes(),
             revision: *unpoisoned(&own.czxid) as u64,
@@ -92,7 +92,7 @@ impl LockBackend for ZkBackend {
     fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
         Box::pin(async move {
             let inner = &self.inner;
-            let dir = Inner::path_of(name)?;
+            let dir = ZkShared::path_of(name)?;
             let z = inner.client();
             let children = match z.list_children(&dir).await {
                 Ok(c) => c,
@@ -149,7 +149,7 @@ impl LockBackend for ZkBackend {
     fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
         Box::pin(async move {
             let inner = &self.inner;
-            let dir = Inner::path_of(name)?;
+            let dir = ZkShared::path_of(name)?;
             let z = inner.client();
             let children = match z.list_children(&dir).await {
                 Ok(c) => c,
@@ -180,7 +180,7 @@ impl LockBackend for ZkBackend {
             if top > 0 {
                 inner.record_token(name, top).await?;
             }
-            inner.wakeups.bump(name.as_str());
+            inner.wakeups.wake(name.as_str());
             Ok(dropped)
         })
     }

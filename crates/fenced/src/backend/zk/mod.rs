@@ -156,7 +156,7 @@ impl Drop for OwnNode {
 }
 
 pub(crate) struct ZkBackend {
-    inner: Arc<Inner>,
+    inner: Arc<ZkShared>,
     monitor: tokio::task::JoinHandle<()>,
 }
 
@@ -166,7 +166,7 @@ impl Drop for ZkBackend {
     }
 }
 
-struct Inner {
+struct ZkShared {
     /// The live session's client, and its number (bumped per session).
     zk: Mutex<(zk::Client, u64)>,
     /// Until when the server is known to keep the session (by number): the
@@ -256,9 +256,9 @@ impl ZkBackend {
         sorted.dedup();
         let identity = format!("zk://{}{chroot}", sorted.join(","));
         let dialed = Instant::now();
-        let first = Inner::dial(&connect, session_timeout, &digest, &label).await?;
+        let first = ZkShared::dial(&connect, session_timeout, &digest, &label).await?;
         let bound = believed_until(dialed, first.session_timeout());
-        let inner = Inner {
+        let inner = ZkShared {
             zk: Mutex::new((first, 1)),
             clock: SessionClock::new(1, bound),
             identity,

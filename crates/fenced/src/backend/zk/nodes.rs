@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl Inner {
+impl ZkShared {
     /// The node of `own` among `dir`'s children by its protected id, if
     /// a create of it went through; adopted as `own`'s child.
     pub(super) async fn find_protected(

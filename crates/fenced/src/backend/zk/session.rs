@@ -4,7 +4,7 @@ use super::*;
 
 /// Opens a new session when the current one ends, and wakes every waiter;
 /// keeps each session's bound while it lives (see [`heartbeat`]).
-pub(super) async fn monitor(inner: Arc<Inner>) {
+pub(super) async fn monitor(inner: Arc<ZkShared>) {
     loop {
         let (z, number) = unpoisoned(&inner.zk).clone();
         let mut states = z.state_watcher();
@@ -14,7 +14,7 @@ pub(super) async fn monitor(inner: Arc<Inner>) {
                 if s.is_terminated() {
                     break;
                 }
-                inner.wakeups.bump_all();
+                inner.wakeups.wake_all();
             }
         };
         // The heartbeat runs inside this task (never spawned apart), so
@@ -31,11 +31,11 @@ pub(super) async fn monitor(inner: Arc<Inner>) {
             session = number,
             "ZooKeeper session ended; its holds are lost, opening a new one"
         );
-        inner.wakeups.bump_all();
+        inner.wakeups.wake_all();
         let mut pause = Duration::from_millis(100);
         let (fresh, dialed) = loop {
             let dialed = Instant::now();
-            match Inner::dial(
+            match ZkShared::dial(
                 &inner.connect,
                 inner.session_timeout,
                 &inner.digest,
@@ -54,7 +54,7 @@ pub(super) async fn monitor(inner: Arc<Inner>) {
         let until = believed_until(dialed, fresh.session_timeout());
         inner.clock.start(n, until);
         *unpoisoned(&inner.zk) = (fresh, n);
-        inner.wakeups.bump_all();
+        inner.wakeups.wake_all();
     }
 }
 
@@ -74,7 +74,7 @@ pub(super) async fn monitor(inner: Arc<Inner>) {
 /// back: the server answers a session's requests in order, so a sync
 /// queued behind a burst of this client's own requests must not hold up
 /// the next one's confirmation (and every hold of the session with it).
-pub(super) async fn heartbeat(inner: &Inner, z: &zk::Client, number: u64) {
+pub(super) async fn heartbeat(inner: &ZkShared, z: &zk::Client, number: u64) {
     use futures_util::stream::{FuturesUnordered, StreamExt};
     let timeout = z.session_timeout();
     let period = (timeout / 4).max(Duration::from_millis(50));
@@ -99,7 +99,7 @@ pub(super) async fn heartbeat(inner: &Inner, z: &zk::Client, number: u64) {
     }
 }
 
-impl Inner {
+impl ZkShared {
     pub(super) async fn dial(
         connect: &str,
         session_timeout: Duration,

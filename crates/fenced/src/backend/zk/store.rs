@@ -2,7 +2,7 @@
 
 use super::*;
 
-impl Inner {
+impl ZkShared {
     /// Keeps the largest released token of `name`.
     pub(super) async fn record_token(&self, name: &LockName, token: u64) -> Result<()> {
         self.meta_cas(TOKENS, name, |old| {

@@ -24,7 +24,7 @@ impl MySqlBackend {
                 Err(e) => return Err(self.db(e)),
                 Ok((o, changed)) => {
                     if changed {
-                        self.ring(req.name.as_str()).await;
+                        self.wake_waiters(req.name.as_str()).await;
                     }
                     return Ok(o);
                 }
@@ -177,8 +177,8 @@ impl MySqlBackend {
     }
 
     /// Wakes the oldest waiter of `name` (and this client's own waiters).
-    pub(super) async fn ring(&self, name: &str) {
-        self.wakeups.bump(name);
+    pub(super) async fn wake_waiters(&self, name: &str) {
+        self.wakeups.wake(name);
         let rows = match sqlx::query(BELLS).bind(name).fetch_all(&self.pool).await {
             Ok(rows) => rows,
             Err(e) => {

@@ -4,7 +4,7 @@ use super::*;
 
 /// The doorbell: sleeps on the server until a `KILL QUERY` ends the sleep,
 /// then wakes every waiter of this client. Reconnects if it must.
-pub(super) async fn ring_loop(
+pub(super) async fn doorbell_loop(
     mut conn: MySqlConnection,
     opts: MySqlConnectOptions,
     bell: Arc<AtomicI64>,
@@ -20,7 +20,7 @@ pub(super) async fn ring_loop(
         if anchor.is_none() {
             anchor = anchored(&opts, &key).await;
         }
-        match wait_for_ring(&mut conn, &key).await {
+        match wait_for_doorbell(&mut conn, &key).await {
             // Rung (the wait was interrupted) or waited an hour.
             Ok(None) | Ok(Some(0)) => {}
             // The anchor session is gone and the doorbell got its lock:
@@ -34,7 +34,7 @@ pub(super) async fn ring_loop(
             }
             Err(e) => {
                 tracing::debug!(error = %e, "MySQL doorbell lost its connection");
-                wakeups.bump_all();
+                wakeups.wake_all();
                 conn = reconnect(&opts).await;
                 match doorbell_id(&mut conn).await {
                     Ok(id) => bell.store(id, Ordering::Release),
@@ -42,7 +42,7 @@ pub(super) async fn ring_loop(
                 }
             }
         }
-        wakeups.bump_all();
+        wakeups.wake_all();
     }
 }
 
@@ -57,9 +57,9 @@ pub(super) async fn anchored(opts: &MySqlConnectOptions, key: &str) -> Option<My
     matches!(got, Ok(Some(1))).then_some(c)
 }
 
-/// Waits for a ring: `Ok(None)` when rung, `Ok(Some(1))` when the anchor
+/// Waits for a wake-up: `Ok(None)` when rung, `Ok(Some(1))` when the anchor
 /// is gone, `Ok(Some(0))` after an hour, `Err` if the connection failed.
-pub(super) async fn wait_for_ring(
+pub(super) async fn wait_for_doorbell(
     conn: &mut MySqlConnection,
     key: &str,
 ) -> std::result::Result<Option<i64>, sqlx::Error> {
@@ -70,7 +70,7 @@ pub(super) async fn wait_for_ring(
         .and_then(|r| r.try_get::<Option<i64>, _>("got"));
     match got {
         Ok(g) => Ok(g),
-        // MariaDB reports a ring as "query execution was interrupted";
+        // MariaDB reports a wake-up as "query execution was interrupted";
         // the connection is fine then.
         Err(e) => match sqlx::query("SELECT 1").execute(&mut *conn).await {
             Ok(_) => Ok(None),

@@ -90,7 +90,7 @@ impl LockBackend for MySqlBackend {
             let Some(row) = rows.into_iter().next() else {
                 return Ok(false);
             };
-            self.ring(hold.name.as_str()).await;
+            self.wake_waiters(hold.name.as_str()).await;
             Ok(row.try_get::<i64, _>("live").map_err(|e| self.db(e))? == 1)
         })
     }
@@ -118,7 +118,7 @@ impl LockBackend for MySqlBackend {
                 .map_err(|e| self.db(e))?;
             changed |= r.rows_affected() > 0;
             if changed {
-                self.ring(name.as_str()).await;
+                self.wake_waiters(name.as_str()).await;
             }
             Ok(())
         })
@@ -165,7 +165,7 @@ impl LockBackend for MySqlBackend {
                 .execute(&self.pool)
                 .await
                 .map_err(|e| self.db(e))?;
-            self.ring(name.as_str()).await;
+            self.wake_waiters(name.as_str()).await;
             Ok(r.rows_affected() as usize)
         })
     }

@@ -24,16 +24,16 @@
 //! of the client (its anchor) holds; a blocked acquirer records the
 //! doorbell's connection id in `fenced_waiters`. After a change, the
 //! releaser runs `KILL QUERY <id>` for the oldest waiter, which ends that
-//! wait at once; the woken client looks again. A ring that lands while a
-//! doorbell re-arms is lost, and a holder that dies rings nothing, so
+//! wait at once; the woken client looks again. A wake-up that lands while a
+//! doorbell re-arms is lost, and a holder that dies wakes nobody, so
 //! waiters also look again when the first lease in their way ends. `KILL
 //! QUERY` of one's own user's connections needs no privilege.
 //!
 //! Connection ids start again from 1 when the server restarts, while the
-//! waiters' rows survive it: a ring must never reach a connection that
+//! waiters' rows survive it: a wake-up must never reach a connection that
 //! took over an old doorbell's id. So each doorbell holds the user lock
 //! `fenced_doorbell:<its connection id>` for as long as it lives, and a
-//! releaser rings only ids whose lock is held by that very connection.
+//! releaser wakes only ids whose lock is held by that very connection.
 
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -250,7 +250,7 @@ impl MySqlBackend {
                 .map_err(|e| db(&label, e))?;
             let id = doorbell_id(&mut first).await.map_err(|e| db(&label, e))?;
             bell.store(id, Ordering::Release);
-            Some(tokio::spawn(ring_loop(
+            Some(tokio::spawn(doorbell_loop(
                 first,
                 bell_opts,
                 bell.clone(),

@@ -238,7 +238,7 @@ impl Shared {
                 }
                 return;
             }
-            me.table.wakeups().bump(name.as_str());
+            me.table.wakeups().wake(name.as_str());
             if !won {
                 return;
             }
@@ -252,7 +252,7 @@ impl Shared {
             if let Some(s) = left {
                 unpoisoned(&me.probers).remove(&ticket);
                 me.unlock(s, &key).await;
-                me.table.wakeups().bump(name.as_str());
+                me.table.wakeups().wake(name.as_str());
             }
         });
         *unpoisoned(&p.task) = Some(task);

@@ -211,7 +211,7 @@ impl PgBackend {
     }
 
     /// Wakes the waiters of `name` in every client.
-    pub(crate) async fn notify(&self, name: &str) {
+    pub(crate) async fn wake_waiters(&self, name: &str) {
         if let Err(e) = sqlx::query(NOTIFY).bind(name).fetch_one(&self.pool).await {
             tracing::debug!(error = %e, "NOTIFY failed; waiters will look again on their own");
         }
@@ -252,14 +252,14 @@ impl PgBackend {
 async fn listen(mut listener: PgListener, wakeups: Arc<Wakeups>) {
     loop {
         match listener.try_recv().await {
-            Ok(Some(n)) => wakeups.bump(n.payload()),
+            Ok(Some(n)) => wakeups.wake(n.payload()),
             Ok(None) => {
                 tracing::debug!("PostgreSQL listener reconnected; waiters will look again");
-                wakeups.bump_all();
+                wakeups.wake_all();
             }
             Err(e) => {
                 tracing::debug!(error = %e, "PostgreSQL listener failed; retrying");
-                wakeups.bump_all();
+                wakeups.wake_all();
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }

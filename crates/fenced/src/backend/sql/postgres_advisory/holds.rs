@@ -110,7 +110,7 @@ impl LockBackend for PgAdvisory {
                 .fetch_one(self.table.pool())
                 .await
                 .map_err(|e| self.db(e))?;
-            self.table.notify(name.as_str()).await;
+            self.table.wake_waiters(name.as_str()).await;
             Ok(row.try_get::<i64, _>("n").map_err(|e| self.db(e))? as usize)
         })
     }

@@ -294,7 +294,7 @@ impl PgAdvisory {
         // Let its expiry task end now, dropping its share of the session.
         hold.deadline.send_replace(Instant::now());
         let was = unlock(&hold, &self.idle).await;
-        self.table.notify(hold.name.as_str()).await;
+        self.table.wake_waiters(hold.name.as_str()).await;
         was
     }
 }
@@ -388,7 +388,7 @@ async fn expire(
     }
     if unpoisoned(&holds).remove(&hold_id).is_some() {
         unlock(&hold, &idle).await;
-        table.notify(hold.name.as_str()).await;
+        table.wake_waiters(hold.name.as_str()).await;
     }
 }
 

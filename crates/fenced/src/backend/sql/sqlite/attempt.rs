@@ -145,8 +145,8 @@ impl SqliteBackend {
     /// a herd: the woken waiter, once granted, wakes the next if it can go
     /// too. An address nobody listens on any more is forgotten and the next
     /// oldest is tried.
-    pub(super) async fn notify(&self, name: &str) {
-        self.wakeups.bump(name);
+    pub(super) async fn wake_waiters(&self, name: &str) {
+        self.wakeups.wake(name);
         let rows = match q(WAKE_ADDRS)
             .bind(name)
             .bind(now_ms())

@@ -11,7 +11,7 @@ impl LockBackend for SqliteBackend {
         Box::pin(async move {
             let (outcome, changed) = self.attempt_tx(req).await?;
             if changed {
-                self.notify(req.name.as_str()).await;
+                self.wake_waiters(req.name.as_str()).await;
             }
             Ok(outcome)
         })
@@ -52,7 +52,7 @@ impl LockBackend for SqliteBackend {
                 .map_err(db)?;
             let Some(row) = row else { return Ok(false) };
             let expires: i64 = row.try_get(0).map_err(db)?;
-            self.notify(hold.name.as_str()).await;
+            self.wake_waiters(hold.name.as_str()).await;
             Ok(expires > now_ms())
         })
     }
@@ -76,7 +76,7 @@ impl LockBackend for SqliteBackend {
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(db)?;
-            self.notify(name.as_str()).await;
+            self.wake_waiters(name.as_str()).await;
             Ok(())
         })
     }
@@ -131,7 +131,7 @@ impl LockBackend for SqliteBackend {
                 .execute(&self.pool)
                 .await
                 .map_err(db)?;
-            self.notify(name.as_str()).await;
+            self.wake_waiters(name.as_str()).await;
             Ok(r.rows_affected() as usize)
         })
     }

@@ -267,7 +267,7 @@ mod wake {
                     match sock.recv(&mut buf).await {
                         Ok(n) => {
                             if let Ok(name) = std::str::from_utf8(&buf[..n]) {
-                                wakeups.bump(name);
+                                wakeups.wake(name);
                             }
                         }
                         Err(e) => {
