@@ -1,7 +1,8 @@
 //! The client: one connection to one backend, shared by every lock made
 //! from it. Cheap to clone.
 
-use crate::core::hold::{Hold, HoldTable};
+use crate::core::engine::Engine;
+use crate::core::hold::HoldTable;
 use crate::core::watchdog::Watchdog;
 use crate::core::worker::{self, Job};
 use crate::error::{Error, Result};
@@ -9,13 +10,12 @@ use crate::fence::FencedRegister;
 use crate::lock::{Lock, RwLock};
 use crate::name::LockName;
 use crate::options::MAX_PERMITS;
-use crate::retry::RetryPolicy;
 use crate::spi::wake::Wakeups;
-use crate::spi::{Backend, HoldRef, LockStatus, Mode};
+use crate::spi::{Backend, LockStatus, Mode};
 use crate::striped::StripedLock;
 use std::fmt;
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 /// The environment variable [`Client::from_env`] reads.
 pub const BACKEND_ENV: &str = "FENCED_BACKEND";
@@ -34,20 +34,7 @@ pub const BACKEND_ENV: &str = "FENCED_BACKEND";
 /// ```
 #[derive(Clone)]
 pub struct Client {
-    pub(crate) inner: Arc<ClientInner>,
-}
-
-pub(crate) struct ClientInner {
-    pub(crate) id: String,
-    pub(crate) url: String,
-    /// The backend's canonical identity (see `Backend::identity`).
-    pub(crate) identity: String,
-    pub(crate) backend: Arc<dyn Backend>,
-    /// Where the backend wakes this client's waiters.
-    pub(crate) wakeups: Arc<Wakeups>,
-    pub(crate) holds: HoldTable,
-    pub(crate) watchdog: Arc<Watchdog>,
-    worker: mpsc::UnboundedSender<Job>,
+    pub(crate) inner: Arc<Engine>,
 }
 
 impl Client {
@@ -96,7 +83,7 @@ impl Client {
     fn with_backend(backend: Arc<dyn Backend>, wakeups: Arc<Wakeups>, url: String) -> Client {
         let worker = worker::spawn(backend.clone());
         Client {
-            inner: Arc::new(ClientInner {
+            inner: Arc::new(Engine {
                 id: uuid::Uuid::new_v4().simple().to_string(),
                 url,
                 identity: backend.identity(),
@@ -235,116 +222,5 @@ impl fmt::Debug for Client {
             .field("url", &self.inner.url)
             .field("id", &self.inner.id)
             .finish()
-    }
-}
-
-/// Sends a release to the worker unless disarmed: what makes an
-/// interrupted `release().await` still release.
-struct PendingRelease<'a> {
-    worker: &'a mpsc::UnboundedSender<Job>,
-    hold: Option<HoldRef>,
-}
-
-impl Drop for PendingRelease<'_> {
-    fn drop(&mut self) {
-        if let Some(r) = self.hold.take() {
-            let _ = self.worker.send(Job::Release(r));
-        }
-    }
-}
-
-impl ClientInner {
-    pub(crate) fn owner_key(&self, owner: &crate::Owner) -> String {
-        format!("{}:{}", self.id, owner.id())
-    }
-
-    /// A read (`status`, a register, the leader): bounded by the request
-    /// timeout, and tried again on a transient error (a connection that
-    /// died in the pool, a failover) within that time.
-    pub(crate) async fn read<'a, T: Send + 'a>(
-        &'a self,
-        mut f: impl FnMut(&'a dyn Backend) -> crate::spi::BoxFuture<'a, Result<T>>,
-    ) -> Result<T> {
-        let limit = self.backend.request_timeout();
-        let scheme = self.backend.scheme();
-        let until = tokio::time::Instant::now() + limit;
-        let backend = &*self.backend;
-        crate::core::acquire::with_retry(&RetryPolicy::default(), Some(until), || {
-            crate::core::acquire::bounded(limit, scheme, f(backend))
-        })
-        .await
-    }
-
-    /// A change (a register write, a force unlock): bounded by the request
-    /// timeout, tried once (a retry after a lost reply could apply it twice).
-    pub(crate) async fn write<'a, T: Send + 'a>(
-        &'a self,
-        f: crate::spi::BoxFuture<'a, Result<T>>,
-    ) -> Result<T> {
-        let limit = self.backend.request_timeout();
-        crate::core::acquire::bounded(limit, self.backend.scheme(), f).await
-    }
-
-    /// Where background jobs go.
-    pub(crate) fn worker(&self) -> mpsc::UnboundedSender<Job> {
-        self.worker.clone()
-    }
-
-    pub(crate) fn send(&self, job: Job) {
-        // Fails only when the runtime that ran the worker is gone; the
-        // lease then frees the lock.
-        let _ = self.worker.send(job);
-    }
-
-    /// A guard went away without `release()`.
-    pub(crate) fn drop_hold(&self, hold: &Arc<Hold>) {
-        if self.holds.leave(hold) {
-            hold.set_released();
-            tracing::debug!(lock = %hold.name(), token = hold.token, "release queued by drop");
-            self.send(Job::Release(hold.r.clone()));
-        }
-    }
-
-    pub(crate) async fn release_hold(&self, hold: Arc<Hold>) -> Result<bool> {
-        if !self.holds.leave(&hold) {
-            return Ok(hold.is_held());
-        }
-        let believed = hold.is_held();
-        hold.set_released();
-        if hold.state().lost.is_some() {
-            // Its lost signal fired, which queued its release already.
-            return Ok(false);
-        }
-        let mut pending = PendingRelease {
-            worker: &self.worker,
-            hold: Some(hold.r.clone()),
-        };
-        // A failover or a dropped connection should not turn a release
-        // into an error: retry transient failures a little (two request
-        // timeouts at most: the caller does not wait on a server that has
-        // stopped answering), then leave the hold to the background worker
-        // (and, at worst, its lease). Past the lease, or the session, the
-        // release is moot, so retries stop there.
-        let limit = self.backend.request_timeout();
-        let until = Some(
-            hold.believed_until()
-                .min(tokio::time::Instant::now() + limit * 2),
-        );
-        let scheme = self.backend.scheme();
-        // A try that failed may have released the hold without saying so
-        // (its reply lost): a later try that finds nothing to release
-        // then says nothing about a loss.
-        let tried = std::sync::atomic::AtomicBool::new(false);
-        let was_ours = crate::core::acquire::with_retry(&RetryPolicy::default(), until, || {
-            let again = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
-            let release = self.backend.release(&hold.r);
-            crate::core::acquire::bounded(limit, scheme, async move {
-                Ok(release.await? || (again && believed))
-            })
-        })
-        .await?;
-        pending.hold = None;
-        tracing::debug!(lock = %hold.name(), token = hold.token, was_ours, "released");
-        Ok(was_ours && believed)
     }
 }

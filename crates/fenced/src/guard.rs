@@ -1,6 +1,6 @@
 //! Guards: proof of a hold, with its fencing token and lost signal.
 
-use crate::client::ClientInner;
+use crate::core::engine::Engine;
 use crate::core::hold::{Hold, LostReason};
 use crate::error::Result;
 use crate::spi::Mode;
@@ -26,12 +26,12 @@ use std::time::Duration;
 #[clippy::has_significant_drop]
 pub struct Guard {
     hold: Arc<Hold>,
-    client: Arc<ClientInner>,
+    client: Arc<Engine>,
     done: bool,
 }
 
 impl Guard {
-    pub(crate) fn new(hold: Arc<Hold>, client: Arc<ClientInner>) -> Self {
+    pub(crate) fn new(hold: Arc<Hold>, client: Arc<Engine>) -> Self {
         Guard {
             hold,
             client,
@@ -59,7 +59,7 @@ impl Guard {
         self.hold.mark_lost(reason);
     }
 
-    pub(crate) fn client(&self) -> &Arc<ClientInner> {
+    pub(crate) fn client(&self) -> &Arc<Engine> {
         &self.client
     }
 

@@ -3,12 +3,12 @@
 
 use crate::client::Client;
 use crate::core::acquire::{self, Wait};
+use crate::core::retry::RetryPolicy;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::Guard;
 use crate::name::LockName;
 use crate::options::{Lease, LockOptions};
 use crate::owner::Owner;
-use crate::retry::RetryPolicy;
 use crate::spi::{LockStatus, Mode};
 use std::fmt;
 use std::time::Duration;
@@ -173,6 +173,29 @@ impl Lock {
         &self.client
     }
 
+    /// Acquires through the core, checked first; the hold becomes a guard.
+    async fn run(&self, wait: Wait) -> Result<Option<Guard>> {
+        self.check()?;
+        let engine = &self.client.inner;
+        let req = acquire::Request {
+            name: &self.name,
+            mode: self.mode,
+            rw: self.rw,
+            lease: self.opts.lease.duration(),
+            renewed: self.opts.lease.is_renewed(),
+            fair: self.opts.fair,
+            retry: &self.opts.retry,
+            owner: self
+                .opts
+                .owner
+                .clone()
+                .or_else(crate::Owner::current)
+                .map(|o| o.id().to_owned()),
+        };
+        let hold = acquire::run(engine, req, wait).await?;
+        Ok(hold.map(|h| Guard::new(h, engine.clone())))
+    }
+
     pub(crate) fn check(&self) -> Result<()> {
         if let Some(m) = &self.misuse {
             return Err(Error::invalid(m.clone()));
@@ -199,7 +222,7 @@ impl Lock {
             // A wait too long for the clock to reach is a wait for ever.
             Some(d) => Wait::Until(Instant::now().checked_add(d)),
         };
-        match acquire::run(self, wait).await? {
+        match self.run(wait).await? {
             Some(guard) => Ok(guard),
             None => Err(match self.opts.wait_timeout {
                 Some(d) if !d.is_zero() => Error::new(
@@ -219,7 +242,7 @@ impl Lock {
     /// # Cancel safety
     /// As for [`acquire`](Lock::acquire).
     pub async fn try_acquire(&self) -> Result<Option<Guard>> {
-        acquire::run(self, Wait::No).await
+        self.run(Wait::No).await
     }
 
     /// Waits up to `wait` for the lock; `Ok(None)` if it was not had in time.
@@ -232,7 +255,7 @@ impl Lock {
         } else {
             Wait::Until(Instant::now().checked_add(wait))
         };
-        acquire::run(self, w).await
+        self.run(w).await
     }
 
     /// What the backend knows of this lock.

@@ -1,17 +1,15 @@
 //! Per-lock options: lease, renewal, fairness, waiting, retries, owner.
 
+use crate::core::retry::RetryPolicy;
 use crate::error::{Error, Result};
 use crate::owner::Owner;
-use crate::retry::RetryPolicy;
 use std::time::Duration;
 
 /// Redisson's default lease, renewed every third of it by the watchdog.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The shortest lease fenced accepts.
 pub const MIN_LEASE: Duration = Duration::from_millis(1);
-/// The longest lease fenced accepts. A lock that must outlive a week
-/// without renewal is a configuration mistake, not a lock.
-pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
+pub use crate::spi::lease::MAX_LEASE;
 /// The most permits a semaphore may have.
 pub const MAX_PERMITS: u32 = 1_000_000;
 

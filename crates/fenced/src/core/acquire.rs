@@ -2,14 +2,12 @@
 //! with reentrancy, timeouts, transient-error retries and cleanup when the
 //! caller goes away.
 
-use crate::client::ClientInner;
+use crate::core::engine::Engine;
 use crate::core::hold::{Grant, Hold};
+use crate::core::retry::RetryPolicy;
 use crate::core::worker::Job;
 use crate::error::{Error, Result};
-use crate::guard::Guard;
-use crate::lock::Lock;
-use crate::owner::Owner;
-use crate::retry::RetryPolicy;
+use crate::name::LockName;
 use crate::spi::{Attempt, Backend, BoxFuture, Mode, Outcome};
 use std::future::Future;
 use std::sync::Arc;
@@ -44,7 +42,7 @@ pub(crate) type InFlight = tokio::task::JoinHandle<Result<Outcome>>;
 /// Withdraws an attempt whose caller went away: its queue place, and the
 /// grant it may have won while the caller was no longer listening.
 struct Cleanup<'a> {
-    inner: &'a Arc<ClientInner>,
+    inner: &'a Arc<Engine>,
     attempt: Option<Attempt>,
     /// Tries still on their way (one, or more after a timeout).
     in_flight: Vec<InFlight>,
@@ -142,15 +140,35 @@ async fn attempt_with_retry(
     }
 }
 
-pub(crate) async fn run(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
-    lock.check()?;
-    let span = tracing::debug_span!("fenced.acquire", lock = %lock.name, mode = ?lock.mode);
-    run_inner(lock, wait).instrument(span).await
+/// One acquisition as the core needs it: what the public `Lock` asks for.
+pub(crate) struct Request<'a> {
+    pub(crate) name: &'a LockName,
+    pub(crate) mode: Mode,
+    /// A side of a read-write lock rather than a mutex or semaphore.
+    pub(crate) rw: bool,
+    pub(crate) lease: Duration,
+    /// Whether the watchdog renews the lease.
+    pub(crate) renewed: bool,
+    pub(crate) fair: bool,
+    pub(crate) retry: &'a RetryPolicy,
+    /// The id of the named owner whose acquisitions nest, if any.
+    pub(crate) owner: Option<String>,
+}
+
+/// Acquires as `req` says, waiting as `wait` says: the hold, or `None` when
+/// the wait ended first.
+pub(crate) async fn run(
+    engine: &Arc<Engine>,
+    req: Request<'_>,
+    wait: Wait,
+) -> Result<Option<Arc<Hold>>> {
+    let span = tracing::debug_span!("fenced.acquire", lock = %req.name, mode = ?req.mode);
+    run_inner(engine, req, wait).instrument(span).await
 }
 
 /// A fresh identity for one acquisition: its hold id, and its owner key
 /// (the named owner's, or, by default, one of its own).
-fn identity(inner: &ClientInner, named: Option<&Owner>) -> (String, String) {
+fn identity(inner: &Engine, named: Option<&str>) -> (String, String) {
     let hold_id = uuid::Uuid::new_v4().simple().to_string();
     let owner_key = match named {
         Some(o) => inner.owner_key(o),
@@ -167,22 +185,26 @@ fn closed_error(name: &crate::name::LockName) -> Error {
     ))
 }
 
-async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
-    let inner = &lock.client.inner;
-    let named = lock.opts.owner.clone().or_else(Owner::current);
-    let reentrant = named.is_some() && lock.mode.is_reentrant();
-    let (hold_id, owner_key) = identity(inner, named.as_ref());
+async fn run_inner(
+    engine: &Arc<Engine>,
+    req: Request<'_>,
+    wait: Wait,
+) -> Result<Option<Arc<Hold>>> {
+    let inner = engine;
+    let named = req.owner.as_deref();
+    let reentrant = named.is_some() && req.mode.is_reentrant();
+    let (hold_id, owner_key) = identity(inner, named);
     if reentrant {
-        if let Some(hold) = inner.holds.join(&lock.name, &owner_key, lock.mode) {
+        if let Some(hold) = inner.holds.join(req.name, &owner_key, req.mode) {
             tracing::debug!(token = hold.token, count = hold.count(), "re-entered");
-            return Ok(Some(Guard::new(hold, inner.clone())));
+            return Ok(Some(hold));
         }
-        if lock.mode == Mode::Exclusive && inner.holds.holds(&lock.name, &owner_key, Mode::Shared) {
+        if req.mode == Mode::Exclusive && inner.holds.holds(req.name, &owner_key, Mode::Shared) {
             return Err(Error::invalid(format!(
                 "owner {} holds read on {:?}; upgrading to write could deadlock with \
                  another upgrading reader: release the read hold first",
-                named.as_ref().map_or("", |o| o.id()),
-                lock.name.as_str()
+                named.unwrap_or(""),
+                req.name.as_str()
             )));
         }
     }
@@ -193,19 +215,19 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
         Wait::Until(d) => d,
     };
     let mut attempt = Attempt {
-        name: lock.name.clone(),
+        name: req.name.clone(),
         owner_key,
         hold_id,
-        mode: lock.mode,
-        rw: lock.rw,
-        lease: lock.opts.lease.duration(),
-        fair: lock.opts.fair,
+        mode: req.mode,
+        rw: req.rw,
+        lease: req.lease,
+        fair: req.fair,
         will_wait: !matches!(wait, Wait::No),
         ticket: None,
     };
     let mut interest = attempt
         .will_wait
-        .then(|| inner.wakeups.interest(lock.name.as_str()));
+        .then(|| inner.wakeups.interest(req.name.as_str()));
     let mut cleanup = Cleanup {
         inner,
         attempt: None,
@@ -215,7 +237,7 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
     let mut late_grants = 0u32;
     loop {
         if inner.holds.is_closed() {
-            return Err(closed_error(&lock.name));
+            return Err(closed_error(req.name));
         }
         // Another task of this owner may have won the lock while we
         // waited (a backend that does not grant one owner twice, like
@@ -224,14 +246,14 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
         // by the cleanup.
         if waiting_since.is_some()
             && reentrant
-            && let Some(hold) = inner.holds.join(&lock.name, &attempt.owner_key, lock.mode)
+            && let Some(hold) = inner.holds.join(req.name, &attempt.owner_key, req.mode)
         {
             tracing::debug!(
                 token = hold.token,
                 count = hold.count(),
                 "re-entered after waiting"
             );
-            return Ok(Some(Guard::new(hold, inner.clone())));
+            return Ok(Some(hold));
         }
         let seen = interest.as_ref().map(|i| i.version());
         cleanup.attempt = Some(attempt.clone());
@@ -240,7 +262,7 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
         // began then.
         let sent = Instant::now();
         let outcome = attempt_with_retry(
-            &lock.opts.retry,
+            req.retry,
             deadline,
             timeout,
             backend,
@@ -253,7 +275,7 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                 let hold = Hold::new(Grant {
                     r: attempt.hold_ref(),
                     owner_key: attempt.owner_key.clone(),
-                    mode: lock.mode,
+                    mode: req.mode,
                     token,
                     sent,
                     session,
@@ -272,7 +294,7 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                         return Err(Error::unavailable(format!(
                             "lock {:?} was granted, but the answer took {took:?}, past the \
                              lease of {:?} it granted; give the lock a longer lease",
-                            lock.name.as_str(),
+                            req.name.as_str(),
                             attempt.lease
                         )));
                     }
@@ -280,15 +302,14 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                     // Not at once: what slowed the answer (a busy server,
                     // a session no longer confirmed) is likely still there.
                     late_grants += 1;
-                    let pause = lock
-                        .opts
+                    let pause = req
                         .retry
                         .delay(late_grants - 1, Duration::ZERO)
                         .unwrap_or(timeout)
                         .min(timeout);
                     let wake = Instant::now() + pause;
                     tokio::time::sleep_until(deadline.map_or(wake, |d| d.min(wake))).await;
-                    (attempt.hold_id, attempt.owner_key) = identity(inner, named.as_ref());
+                    (attempt.hold_id, attempt.owner_key) = identity(inner, named);
                     attempt.ticket = None;
                     continue;
                 }
@@ -296,10 +317,10 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                     // The client closed while this try was out: its guard
                     // would never be told its lock went with the client.
                     // The cleanup gives the grant back.
-                    return Err(closed_error(&lock.name));
+                    return Err(closed_error(req.name));
                 }
                 cleanup.disarm();
-                let renewed = lock.opts.lease.is_renewed();
+                let renewed = req.renewed;
                 let waited = waiting_since.map(|t: Instant| t.elapsed());
                 return Ok(Some(match inner.holds.insert(hold.clone()) {
                     Ok(hold) => {
@@ -307,14 +328,14 @@ async fn run_inner(lock: &Lock, wait: Wait) -> Result<Option<Guard>> {
                             inner.watchdog.watch(hold.clone());
                         }
                         tracing::debug!(token, ?waited, "acquired");
-                        Guard::new(hold, inner.clone())
+                        hold
                     }
                     Err(existing) => {
                         // Another task of this owner won the same lock at
                         // the same time: nest into its hold, give ours back.
                         hold.set_released();
                         inner.send(Job::Release(hold.r.clone()));
-                        Guard::new(existing, inner.clone())
+                        existing
                     }
                 }));
             }

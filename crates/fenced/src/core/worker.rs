@@ -125,9 +125,9 @@ async fn run(backend: &dyn Backend, job: Job) {
 
 /// A few quick retries for background clean-up: it must not hang on a dead
 /// backend, since the lease frees the lock anyway.
-async fn retry_a_little<'a, T, F>(mut f: F) -> crate::Result<T>
+async fn retry_a_little<'a, T, F>(mut f: F) -> crate::error::Result<T>
 where
-    F: FnMut() -> crate::spi::BoxFuture<'a, crate::Result<T>>,
+    F: FnMut() -> crate::spi::BoxFuture<'a, crate::error::Result<T>>,
 {
     let mut delay = Duration::from_millis(20);
     for _ in 0..4 {

@@ -7,6 +7,15 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// The longest lease fenced accepts. A lock that must outlive a week
+/// without renewal is a configuration mistake, not a lock.
+pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// `d` scaled by a random factor in [0.75, 1.25].
+pub(crate) fn jitter(d: Duration) -> Duration {
+    d.mul_f64(0.75 + fastrand::f64() * 0.5)
+}
+
 /// How long a fair waiter's queue place outlives its last attempt. Waiters
 /// attempt at least every `MAX_FALLBACK` (core), so a live waiter never loses its
 /// place; a dead one (killed, paused) stops blocking the queue after this.

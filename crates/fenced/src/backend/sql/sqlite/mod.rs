@@ -111,7 +111,7 @@ impl SqliteBackend {
             match open_pool(opts.clone()).await {
                 Ok(pool) => break pool,
                 Err(e) if is_busy(&e) && tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(crate::retry::jitter(pause)).await;
+                    tokio::time::sleep(crate::spi::lease::jitter(pause)).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
                 Err(e) => return Err(cannot(e)),

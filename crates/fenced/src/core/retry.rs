@@ -7,7 +7,7 @@
 //! whether, and after how long, to try again.
 
 use crate::error::{Error, Result};
-use crate::options::MAX_LEASE;
+use crate::spi::lease::{MAX_LEASE, jitter};
 use std::time::Duration;
 
 /// The shortest pause between retries a policy that retries more than
@@ -169,11 +169,6 @@ impl RetryPolicy {
             }
         }
     }
-}
-
-/// `d` scaled by a random factor in [0.75, 1.25].
-pub(crate) fn jitter(d: Duration) -> Duration {
-    d.mul_f64(0.75 + fastrand::f64() * 0.5)
 }
 
 #[cfg(test)]

@@ -1,0 +1,138 @@
+//! The engine of one client: its backend, its holds, its watchdog and its
+//! release worker, and the calls every handle makes through them. The
+//! public `Client` is a handle on one.
+
+use crate::core::hold::{Hold, HoldTable};
+use crate::core::retry::RetryPolicy;
+use crate::core::watchdog::Watchdog;
+use crate::core::worker::Job;
+use crate::error::Result;
+use crate::spi::wake::Wakeups;
+use crate::spi::{Backend, HoldRef};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// What a client is made of, shared by its handles, locks and guards.
+pub(crate) struct Engine {
+    pub(crate) id: String,
+    pub(crate) url: String,
+    /// The backend's canonical identity (see `Backend::identity`).
+    pub(crate) identity: String,
+    pub(crate) backend: Arc<dyn Backend>,
+    /// Where the backend wakes this client's waiters.
+    pub(crate) wakeups: Arc<Wakeups>,
+    pub(crate) holds: HoldTable,
+    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) worker: mpsc::UnboundedSender<Job>,
+}
+
+/// Sends a release to the worker unless disarmed: what makes an
+/// interrupted `release().await` still release.
+struct PendingRelease<'a> {
+    worker: &'a mpsc::UnboundedSender<Job>,
+    hold: Option<HoldRef>,
+}
+
+impl Drop for PendingRelease<'_> {
+    fn drop(&mut self) {
+        if let Some(r) = self.hold.take() {
+            let _ = self.worker.send(Job::Release(r));
+        }
+    }
+}
+
+impl Engine {
+    pub(crate) fn owner_key(&self, owner_id: &str) -> String {
+        format!("{}:{owner_id}", self.id)
+    }
+
+    /// A read (`status`, a register, the leader): bounded by the request
+    /// timeout, and tried again on a transient error (a connection that
+    /// died in the pool, a failover) within that time.
+    pub(crate) async fn read<'a, T: Send + 'a>(
+        &'a self,
+        mut f: impl FnMut(&'a dyn Backend) -> crate::spi::BoxFuture<'a, Result<T>>,
+    ) -> Result<T> {
+        let limit = self.backend.request_timeout();
+        let scheme = self.backend.scheme();
+        let until = tokio::time::Instant::now() + limit;
+        let backend = &*self.backend;
+        crate::core::acquire::with_retry(&RetryPolicy::default(), Some(until), || {
+            crate::core::acquire::bounded(limit, scheme, f(backend))
+        })
+        .await
+    }
+
+    /// A change (a register write, a force unlock): bounded by the request
+    /// timeout, tried once (a retry after a lost reply could apply it twice).
+    pub(crate) async fn write<'a, T: Send + 'a>(
+        &'a self,
+        f: crate::spi::BoxFuture<'a, Result<T>>,
+    ) -> Result<T> {
+        let limit = self.backend.request_timeout();
+        crate::core::acquire::bounded(limit, self.backend.scheme(), f).await
+    }
+
+    /// Where background jobs go.
+    pub(crate) fn worker(&self) -> mpsc::UnboundedSender<Job> {
+        self.worker.clone()
+    }
+
+    pub(crate) fn send(&self, job: Job) {
+        // Fails only when the runtime that ran the worker is gone; the
+        // lease then frees the lock.
+        let _ = self.worker.send(job);
+    }
+
+    /// A guard went away without `release()`.
+    pub(crate) fn drop_hold(&self, hold: &Arc<Hold>) {
+        if self.holds.leave(hold) {
+            hold.set_released();
+            tracing::debug!(lock = %hold.name(), token = hold.token, "release queued by drop");
+            self.send(Job::Release(hold.r.clone()));
+        }
+    }
+
+    pub(crate) async fn release_hold(&self, hold: Arc<Hold>) -> Result<bool> {
+        if !self.holds.leave(&hold) {
+            return Ok(hold.is_held());
+        }
+        let believed = hold.is_held();
+        hold.set_released();
+        if hold.state().lost.is_some() {
+            // Its lost signal fired, which queued its release already.
+            return Ok(false);
+        }
+        let mut pending = PendingRelease {
+            worker: &self.worker,
+            hold: Some(hold.r.clone()),
+        };
+        // A failover or a dropped connection should not turn a release
+        // into an error: retry transient failures a little (two request
+        // timeouts at most: the caller does not wait on a server that has
+        // stopped answering), then leave the hold to the background worker
+        // (and, at worst, its lease). Past the lease, or the session, the
+        // release is moot, so retries stop there.
+        let limit = self.backend.request_timeout();
+        let until = Some(
+            hold.believed_until()
+                .min(tokio::time::Instant::now() + limit * 2),
+        );
+        let scheme = self.backend.scheme();
+        // A try that failed may have released the hold without saying so
+        // (its reply lost): a later try that finds nothing to release
+        // then says nothing about a loss.
+        let tried = std::sync::atomic::AtomicBool::new(false);
+        let was_ours = crate::core::acquire::with_retry(&RetryPolicy::default(), until, || {
+            let again = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
+            let release = self.backend.release(&hold.r);
+            crate::core::acquire::bounded(limit, scheme, async move {
+                Ok(release.await? || (again && believed))
+            })
+        })
+        .await?;
+        pending.hold = None;
+        tracing::debug!(lock = %hold.name(), token = hold.token, was_ours, "released");
+        Ok(was_ours && believed)
+    }
+}
