@@ -65,20 +65,21 @@ macro_rules! conformance_suite {
             waiter_is_woken_by_release, dropped_guard_releases, close_tells_live_guards,
             fenced_register_rejects_stale_tokens, versioned_values_lose_no_update,
             multilock_is_all_or_nothing, striped_segments_are_independent,
-            bad_input_is_refused, leader_election_hands_over, cancelled_acquires_leave_nothing
+            bad_input_is_refused, leader_election_hands_over, cancelled_acquires_leave_nothing,
+            grant_cases_mutex
         ]);
     };
     (@group rw, $fixture:expr) => {
         $crate::conformance_suite!(@tests $fixture, [
             readers_share_writers_exclude, fencing_tokens_increase,
-            cancelled_reads_beside_own_write_leave_nothing
+            cancelled_reads_beside_own_write_leave_nothing, grant_cases_rw
         ]);
     };
     (@group mutex_only, $fixture:expr) => {
         $crate::conformance_suite!(@tests $fixture, [shared_modes_are_refused, fencing_tokens_increase_mutex]);
     };
     (@group permits, $fixture:expr) => {
-        $crate::conformance_suite!(@tests $fixture, [semaphore_never_exceeds_permits]);
+        $crate::conformance_suite!(@tests $fixture, [semaphore_never_exceeds_permits, grant_cases_permits]);
     };
     (@group no_permits, $fixture:expr) => {
         $crate::conformance_suite!(@tests $fixture, [semaphore_is_refused]);

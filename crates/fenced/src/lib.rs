@@ -37,6 +37,32 @@
 //! # }
 //! ```
 //!
+//! ## Backends
+//!
+//! [`Client::connect`] takes a URL; its scheme picks the backend from one
+//! table, [`backends()`], which says for each its schemes, cargo feature,
+//! default port and what it can do:
+//!
+//! ```
+//! for b in fenced::backends() {
+//!     println!("{:<16} {:<40} built: {}", b.name, b.example, b.is_built());
+//! }
+//! assert!(fenced::backend_for_scheme("memory").unwrap().is_built());
+//! ```
+//!
+//! | URL | backend | feature |
+//! |---|---|---|
+//! | `sqlite:///path/locks.db` | a lease table in one SQLite file, for every process on one host | `sqlite` (default) |
+//! | `memory://[NAMESPACE]` | this process only | always |
+//! | `redis://`, `rediss://` | one Redis server | `redis` (`rediss` with `tls`) |
+//! | `redis+sentinel://h1,h2/SERVICE` | the master a group of Sentinels names | `redis` |
+//! | `redis+cluster://h1,h2,h3` | Redis Cluster | `redis` |
+//! | `redlock://h1,h2,h3` | RedLock over independent masters | `redis` |
+//! | `postgres://user@host/db[?mode=advisory]` | a lease table, or session advisory locks | `postgres` |
+//! | `mysql://…`, `mariadb://…[?mode=advisory]` | a lease table, or `GET_LOCK` | `mysql` |
+//! | `etcd://h1,h2,h3` | etcd v3, `concurrency.Mutex`'s layout | `etcd` |
+//! | `zk://h1,h2,h3[/chroot]` | ZooKeeper, Curator's layouts | `zookeeper` |
+//!
 //! ## The contract, on every backend
 //!
 //! - **Lease**: every hold has one; by default 30 s renewed every 10 s by

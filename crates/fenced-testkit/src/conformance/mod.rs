@@ -4,6 +4,7 @@
 //! [`Timing`]; none asserts on speed.
 
 mod faults;
+pub mod grant_cases;
 pub use faults::*;
 
 use crate::{Fixture, Timing, unique};
@@ -52,6 +53,9 @@ pub const TESTS: &[&str] = &[
     "a_grant_past_its_lease_is_not_returned",
     "cut_off_run_is_killed_before_the_next_runs",
     "calls_return_when_the_server_stops_answering",
+    "grant_cases_mutex",
+    "grant_cases_rw",
+    "grant_cases_permits",
 ];
 
 /// Tests that check one thing two ways, one for backends that have a
@@ -67,6 +71,9 @@ pub const ALTERNATIVES: &[(&str, &str)] = &[
         "shared_modes_are_refused",
     ),
     ("cancelled_wait_leaves_nothing", "fair_mode_is_refused"),
+    ("grant_cases_rw", "shared_modes_are_refused"),
+    ("grant_cases_permits", "semaphore_is_refused"),
+    ("grant_cases_permits", "shared_modes_are_refused"),
 ];
 
 /// The backends (modules of a test binary made by
@@ -769,6 +776,21 @@ pub async fn readers_share_writers_exclude(fx: &Fixture) {
     let other_read = rw_b.read().try_acquire().await.unwrap();
     assert!(other_read.is_some());
     assert!(own_read.release().await.unwrap());
+}
+
+/// The grant-case table's mutex rows (see [`grant_cases`]).
+pub async fn grant_cases_mutex(fx: &Fixture) {
+    grant_cases::run(fx, grant_cases::MUTEX).await;
+}
+
+/// The grant-case table's read-write rows.
+pub async fn grant_cases_rw(fx: &Fixture) {
+    grant_cases::run(fx, grant_cases::RW).await;
+}
+
+/// The grant-case table's semaphore rows.
+pub async fn grant_cases_permits(fx: &Fixture) {
+    grant_cases::run(fx, grant_cases::PERMITS).await;
 }
 
 /// A semaphore never lets more than its permits in.

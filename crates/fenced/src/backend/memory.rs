@@ -121,11 +121,12 @@ impl MemoryBackend {
         }
         let mut spaces = SPACES.lock().unwrap_or_else(|e| e.into_inner());
         let store = spaces.entry(namespace.to_owned()).or_default().clone();
-        store
-            .clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::downgrade(&wakeups));
+        let mut clients = store.clients.lock().unwrap_or_else(|e| e.into_inner());
+        // Clients that are gone are forgotten here too, so a namespace
+        // where clients come and go without a release does not grow.
+        clients.retain(|w| w.strong_count() > 0);
+        clients.push(Arc::downgrade(&wakeups));
+        drop(clients);
         Ok(Arc::new(MemoryBackend {
             store,
             namespace: namespace.to_owned(),

@@ -27,7 +27,7 @@ pub(crate) enum Wait {
 /// permits. `own(i)` is true for keys of the same owner, which never block
 /// it (a writer taking read, one owner's permits). A semaphore key behind
 /// one that counts another number of permits is refused (see
-/// `core::machine::grantable`).
+/// `spi::grant::grantable`).
 pub(crate) fn waits_for(q: &[(&[u8], Mode)], me: usize, own: impl Fn(usize) -> bool) -> Wait {
     let ahead = (0..me).filter(|&i| !own(i));
     match q[me].1 {

@@ -170,7 +170,7 @@ end
 "#;
 
 /// Queue handling and the grant rule (the Lua twin of
-/// `core::machine::grantable`).
+/// `spi::grant::grantable`).
 const GRANT_COMMON: &str = r#"
 -- How long (ms) a release keeps the lock for the queue's head against
 -- unfair requests: the head's pub/sub hop and script, with room for a

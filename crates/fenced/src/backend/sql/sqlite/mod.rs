@@ -25,7 +25,7 @@
 //! oldest waiting address after it commits. A crashed holder sends nothing, so a
 //! waiter also re-checks when the holder's lease runs out, and at least
 //! every couple of seconds. Only the oldest waiter is woken per change (see
-//! `notify`), so a release costs one re-attempt, not one per waiting process.
+//! `wake_waiters`), so a release costs one re-attempt, not one per waiting process.
 //!
 //! # Guarantee and known holes
 //!
