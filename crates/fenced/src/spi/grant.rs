@@ -2,8 +2,8 @@
 //! (memory, SQLite, and the SQL lease table): one machine for mutexes,
 //! read-write locks and semaphores.
 
-use crate::spi::Mode;
-use std::time::{SystemTime, UNIX_EPOCH};
+use crate::spi::{Attempt, Mode};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A current holder, as the rule needs it.
 pub(crate) struct Held<'a> {
@@ -79,6 +79,90 @@ pub(crate) fn next_token(last: u64) -> u64 {
     last.saturating_add(1).max(now_us)
 }
 
+/// A live hold as a lease table stores it, read in an attempt's
+/// transaction.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
+pub(crate) struct LiveHold {
+    pub(crate) hold_id: String,
+    pub(crate) owner: String,
+    pub(crate) mode: Mode,
+    pub(crate) token: u64,
+    /// Lease left, by the database's clock (negative: expired).
+    pub(crate) left_ms: i64,
+}
+
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
+impl LiveHold {
+    /// Lease left, none if expired.
+    pub(crate) fn lease_left(&self) -> Duration {
+        Duration::from_millis(self.left_ms.max(0) as u64)
+    }
+}
+
+/// What the lease tables' attempt comes to, decided from what its
+/// transaction read (as Curator's `StandardLockInternalsDriver.getsTheLock`
+/// decides from the children it listed); the backend then writes it.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Grant it: a new token, a new hold, the queue place dropped.
+    Grant,
+    /// It can never be granted as asked.
+    Refuse(String),
+    /// Busy: keep or take a queue place, and look again by `retry_after`
+    /// (when the first holder's lease runs out) if no wake-up comes.
+    Wait { retry_after: Option<Duration> },
+}
+
+/// The grant of this very attempt, if an earlier try of it went through
+/// but its answer was lost: the grant stands (as the Redis script has it).
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
+pub(crate) fn stands(req: &Attempt, holds: &[LiveHold]) -> Option<u64> {
+    holds
+        .iter()
+        .find(|h| h.hold_id == req.hold_id)
+        .map(|h| h.token)
+}
+
+/// Decides `req` against the live `holds`, `queued_ahead` saying whether
+/// an earlier live fair waiter stands in front of it.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
+pub(crate) fn decide(req: &Attempt, holds: &[LiveHold], queued_ahead: bool) -> Decision {
+    let held = holds.iter().map(|h| Held {
+        owner_key: &h.owner,
+        mode: h.mode,
+    });
+    match grantable(held, &req.owner_key, req.mode, req.fair, queued_ahead) {
+        Err(theirs) => Decision::Refuse(permits_differ(
+            req.name.as_str(),
+            theirs,
+            req.mode.permits().1,
+        )),
+        Ok(true) => Decision::Grant,
+        Ok(false) => Decision::Wait {
+            retry_after: holds
+                .iter()
+                .map(|h| Duration::from_millis(h.left_ms.max(1) as u64))
+                .min(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,5 +216,55 @@ mod tests {
         let a = next_token(0);
         assert!(a > 1_600_000_000_000_000);
         assert_eq!(next_token(u64::MAX / 2), u64::MAX / 2 + 1);
+    }
+
+    fn live(hold_id: &str, owner: &str, mode: Mode, left_ms: i64) -> LiveHold {
+        LiveHold {
+            hold_id: hold_id.into(),
+            owner: owner.into(),
+            mode,
+            token: 7,
+            left_ms,
+        }
+    }
+
+    fn attempt(hold_id: &str, owner_key: &str, mode: Mode) -> Attempt {
+        Attempt {
+            name: crate::name::LockName::new("n").unwrap(),
+            owner_key: owner_key.into(),
+            hold_id: hold_id.into(),
+            mode,
+            rw: false,
+            lease: Duration::from_secs(30),
+            fair: false,
+            will_wait: true,
+            ticket: None,
+        }
+    }
+
+    #[test]
+    fn a_decision_from_what_a_transaction_read() {
+        let x = Mode::Exclusive;
+        let holds = [live("h1", "b", x, 900), live("h2", "c", Mode::Shared, 300)];
+        assert_eq!(stands(&attempt("h2", "c", x), &holds), Some(7));
+        assert_eq!(stands(&attempt("h3", "a", x), &holds), None);
+        assert_eq!(
+            decide(&attempt("h3", "a", x), &holds, false),
+            Decision::Wait {
+                retry_after: Some(Duration::from_millis(300))
+            },
+            "waits for the first lease to run out"
+        );
+        assert_eq!(decide(&attempt("h3", "a", x), &[], false), Decision::Grant);
+        let sem = |take| Mode::Permits { take, max: 3 };
+        let other = Mode::Permits { take: 1, max: 4 };
+        assert!(matches!(
+            decide(
+                &attempt("h3", "a", other),
+                &[live("h1", "b", sem(1), 1)],
+                false
+            ),
+            Decision::Refuse(_)
+        ));
     }
 }

@@ -84,10 +84,7 @@ impl MySqlBackend {
             .iter()
             .map(|r| hold_row(r, now))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        // A retry of an attempt whose commit went through but whose answer
-        // was lost: the grant stands (as the Redis script has it).
-        if let Some(h) = holds.iter().find(|h| h.hold_id == req.hold_id) {
-            let token = h.token as u64;
+        if let Some(token) = stands(req, &holds) {
             tx.commit().await?;
             return Ok((Outcome::granted(token), changed));
         }
@@ -107,70 +104,63 @@ impl MySqlBackend {
         } else {
             (None, false)
         };
-        let held = holds.iter().map(|h| Held {
-            owner_key: &h.owner,
-            mode: h.mode,
-        });
-        let decision = grantable(held, &req.owner_key, req.mode, req.fair, ahead);
-        let outcome = if let Err(theirs) = decision {
-            Outcome::Refused(permits_differ(name, theirs, req.mode.permits().1))
-        } else if decision == Ok(true) {
-            let token = last.saturating_add(1).max(now_us);
-            sqlx::query(SET_TOKEN)
-                .bind(token)
-                .bind(name)
-                .execute(&mut *c)
-                .await?;
-            let (take, max) = req.mode.permits();
-            sqlx::query(INSERT_HOLD)
-                .bind(&req.hold_id)
-                .bind(name)
-                .bind(&req.owner_key)
-                .bind(req.mode.code() as i16)
-                .bind(take as i32)
-                .bind(max as i32)
-                .bind(token)
-                .bind(now.saturating_add(ms(req.lease)))
-                .execute(&mut *c)
-                .await?;
-            if let Some(t) = mine {
-                sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
-                changed |= req.fair;
+        let outcome = match decide(req, &holds, ahead) {
+            Decision::Refuse(why) => Outcome::Refused(why),
+            Decision::Grant => {
+                let token = last.saturating_add(1).max(now_us);
+                sqlx::query(SET_TOKEN)
+                    .bind(token)
+                    .bind(name)
+                    .execute(&mut *c)
+                    .await?;
+                let (take, max) = req.mode.permits();
+                sqlx::query(INSERT_HOLD)
+                    .bind(&req.hold_id)
+                    .bind(name)
+                    .bind(&req.owner_key)
+                    .bind(req.mode.code() as i16)
+                    .bind(take as i32)
+                    .bind(max as i32)
+                    .bind(token)
+                    .bind(now.saturating_add(ms(req.lease)))
+                    .execute(&mut *c)
+                    .await?;
+                if let Some(t) = mine {
+                    sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
+                    changed |= req.fair;
+                }
+                Outcome::granted(token as u64)
             }
-            Outcome::granted(token as u64)
-        } else {
-            let expires = now + ms(QUEUE_TTL);
-            let bell = self.bell.load(Ordering::Acquire);
-            let ticket = match (mine, req.will_wait) {
-                (Some(t), _) => {
-                    sqlx::query(REFRESH_TICKET)
-                        .bind(expires)
-                        .bind(bell)
-                        .bind(t)
-                        .execute(&mut *c)
-                        .await?;
-                    Some(t)
-                }
-                (None, true) => {
-                    let r = sqlx::query(INSERT_WAITER)
-                        .bind(name)
-                        .bind(i8::from(req.fair))
-                        .bind(bell)
-                        .bind(expires)
-                        .execute(&mut *c)
-                        .await?;
-                    Some(r.last_insert_id() as i64)
-                }
-                (None, false) => None,
-            };
-            let retry_after = holds
-                .iter()
-                .map(|h| Duration::from_millis(h.left_ms.max(1) as u64))
-                .min();
-            Outcome::Busy(Blocked {
-                ticket,
-                retry_after,
-            })
+            Decision::Wait { retry_after } => {
+                let expires = now + ms(QUEUE_TTL);
+                let bell = self.bell.load(Ordering::Acquire);
+                let ticket = match (mine, req.will_wait) {
+                    (Some(t), _) => {
+                        sqlx::query(REFRESH_TICKET)
+                            .bind(expires)
+                            .bind(bell)
+                            .bind(t)
+                            .execute(&mut *c)
+                            .await?;
+                        Some(t)
+                    }
+                    (None, true) => {
+                        let r = sqlx::query(INSERT_WAITER)
+                            .bind(name)
+                            .bind(i8::from(req.fair))
+                            .bind(bell)
+                            .bind(expires)
+                            .execute(&mut *c)
+                            .await?;
+                        Some(r.last_insert_id() as i64)
+                    }
+                    (None, false) => None,
+                };
+                Outcome::Busy(Blocked {
+                    ticket,
+                    retry_after,
+                })
+            }
         };
         tx.commit().await?;
         Ok((outcome, changed))

@@ -137,10 +137,10 @@ impl LockBackend for MySqlBackend {
                 let h = hold_row(r, now).map_err(|e| self.db(e))?;
                 if h.left_ms > 0 {
                     holders.push(HolderInfo {
+                        lease_left: h.lease_left(),
                         owner: h.owner,
                         mode: h.mode,
-                        token: h.token as u64,
-                        lease_left: Duration::from_millis(h.left_ms as u64),
+                        token: h.token,
                     });
                 }
             }

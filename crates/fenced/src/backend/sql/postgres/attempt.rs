@@ -73,10 +73,7 @@ impl PgBackend {
             .iter()
             .map(hold_row)
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        // A retry of an attempt whose commit went through but whose answer
-        // was lost: the grant stands (as the Redis script has it).
-        if let Some(h) = holds.iter().find(|h| h.hold_id == req.hold_id) {
-            let token = h.token as u64;
+        if let Some(token) = stands(req, &holds) {
             if changed {
                 sqlx::query(NOTIFY).bind(name).fetch_one(&mut *c).await?;
             }
@@ -94,63 +91,56 @@ impl PgBackend {
         } else {
             (None, false)
         };
-        let held = holds.iter().map(|h| Held {
-            owner_key: &h.owner,
-            mode: h.mode,
-        });
-        let decision = grantable(held, &req.owner_key, req.mode, req.fair, ahead);
-        let outcome = if let Err(theirs) = decision {
-            Outcome::Refused(permits_differ(name, theirs, req.mode.permits().1))
-        } else if decision == Ok(true) {
-            let token = (last.saturating_add(1)).max(now_us);
-            let (take, max) = req.mode.permits();
-            sqlx::query(GRANT)
-                .bind(&req.hold_id)
-                .bind(name)
-                .bind(&req.owner_key)
-                .bind(req.mode.code() as i16)
-                .bind(take as i32)
-                .bind(max as i32)
-                .bind(token)
-                .bind(ms(req.lease) as f64)
-                .execute(&mut *c)
-                .await?;
-            if let Some(t) = mine {
-                sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
-                // The next fair waiter may go too (readers in a row).
-                changed |= req.fair;
+        let outcome = match decide(req, &holds, ahead) {
+            Decision::Refuse(why) => Outcome::Refused(why),
+            Decision::Grant => {
+                let token = (last.saturating_add(1)).max(now_us);
+                let (take, max) = req.mode.permits();
+                sqlx::query(GRANT)
+                    .bind(&req.hold_id)
+                    .bind(name)
+                    .bind(&req.owner_key)
+                    .bind(req.mode.code() as i16)
+                    .bind(take as i32)
+                    .bind(max as i32)
+                    .bind(token)
+                    .bind(ms(req.lease) as f64)
+                    .execute(&mut *c)
+                    .await?;
+                if let Some(t) = mine {
+                    sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
+                    // The next fair waiter may go too (readers in a row).
+                    changed |= req.fair;
+                }
+                Outcome::granted(token as u64)
             }
-            Outcome::granted(token as u64)
-        } else {
-            let ttl = ms(QUEUE_TTL) as f64;
-            let ticket = match (mine, req.fair && req.will_wait) {
-                (Some(t), _) => {
-                    sqlx::query(REFRESH_TICKET)
-                        .bind(t)
-                        .bind(ttl)
-                        .execute(&mut *c)
-                        .await?;
-                    Some(t)
-                }
-                (None, true) => {
-                    let row = sqlx::query(INSERT_WAITER)
-                        .bind(name)
-                        .bind(req.fair)
-                        .bind(ttl)
-                        .fetch_one(&mut *c)
-                        .await?;
-                    Some(row.try_get::<i64, _>("ticket")?)
-                }
-                (None, false) => None,
-            };
-            let retry_after = holds
-                .iter()
-                .map(|h| Duration::from_millis(h.left_ms.max(1) as u64))
-                .min();
-            Outcome::Busy(Blocked {
-                ticket,
-                retry_after,
-            })
+            Decision::Wait { retry_after } => {
+                let ttl = ms(QUEUE_TTL) as f64;
+                let ticket = match (mine, req.fair && req.will_wait) {
+                    (Some(t), _) => {
+                        sqlx::query(REFRESH_TICKET)
+                            .bind(t)
+                            .bind(ttl)
+                            .execute(&mut *c)
+                            .await?;
+                        Some(t)
+                    }
+                    (None, true) => {
+                        let row = sqlx::query(INSERT_WAITER)
+                            .bind(name)
+                            .bind(req.fair)
+                            .bind(ttl)
+                            .fetch_one(&mut *c)
+                            .await?;
+                        Some(row.try_get::<i64, _>("ticket")?)
+                    }
+                    (None, false) => None,
+                };
+                Outcome::Busy(Blocked {
+                    ticket,
+                    retry_after,
+                })
+            }
         };
         if changed {
             sqlx::query(NOTIFY).bind(name).fetch_one(&mut *c).await?;

@@ -83,10 +83,10 @@ impl LockBackend for PgBackend {
                 .iter()
                 .map(|r| {
                     hold_row(r).map(|h| HolderInfo {
+                        lease_left: h.lease_left(),
                         owner: h.owner,
                         mode: h.mode,
-                        token: h.token as u64,
-                        lease_left: Duration::from_millis(h.left_ms.max(0) as u64),
+                        token: h.token,
                     })
                 })
                 .collect::<std::result::Result<Vec<_>, _>>()

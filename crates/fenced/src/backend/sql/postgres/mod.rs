@@ -27,7 +27,7 @@
 
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::spi::grant::{Held, grantable, permits_differ};
+use crate::spi::grant::{Decision, LiveHold, decide, stands};
 use crate::spi::lease::QUEUE_TTL;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
@@ -266,26 +266,18 @@ async fn listen(mut listener: PgListener, wakeups: Arc<Wakeups>) {
     }
 }
 
-struct HoldRow {
-    hold_id: String,
-    owner: String,
-    mode: Mode,
-    token: i64,
-    left_ms: i64,
-}
-
-fn hold_row(r: &PgRow) -> std::result::Result<HoldRow, sqlx::Error> {
+fn hold_row(r: &PgRow) -> std::result::Result<LiveHold, sqlx::Error> {
     let code: i16 = r.try_get("mode")?;
     let take: i32 = r.try_get("take")?;
     let max: i32 = r.try_get("max")?;
     let mode = Mode::from_code(i64::from(code), take as u32, max as u32).ok_or_else(|| {
         sqlx::Error::Decode(format!("fenced_holds has an unknown mode {code}").into())
     })?;
-    Ok(HoldRow {
+    Ok(LiveHold {
         hold_id: r.try_get("hold_id")?,
         owner: r.try_get("owner")?,
         mode,
-        token: r.try_get("token")?,
+        token: r.try_get::<i64, _>("token")? as u64,
         left_ms: r.try_get("left_ms")?,
     })
 }

@@ -26,11 +26,11 @@ impl SqliteBackend {
             .fetch_all(&mut *c)
             .await
             .map_err(db)?;
-        let holds = rows.iter().map(hold_row).collect::<Result<Vec<_>>>()?;
-        // A retry of an attempt whose commit went through but whose answer
-        // was lost: the grant stands (as the Redis script has it).
-        if let Some(h) = holds.iter().find(|h| h.hold_id == req.hold_id) {
-            let token = h.token;
+        let holds = rows
+            .iter()
+            .map(|r| hold_row(r, now))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(token) = stands(req, &holds) {
             tx.commit().await.map_err(db)?;
             return Ok((Outcome::granted(token), changed));
         }
@@ -55,85 +55,79 @@ impl SqliteBackend {
         } else {
             false
         };
-        let held = holds.iter().map(|h| Held {
-            owner_key: &h.owner,
-            mode: h.mode,
-        });
-        let decision = grantable(held, &req.owner_key, req.mode, req.fair, queued_ahead);
-        let outcome = if let Err(theirs) = decision {
-            Outcome::Refused(permits_differ(name, theirs, req.mode.permits().1))
-        } else if decision == Ok(true) {
-            let last: Option<i64> = q(LAST_TOKEN)
-                .bind(name)
-                .fetch_optional(&mut *c)
-                .await
-                .map_err(db)
-                .and_then(scalar)?;
-            let token = next_token(last.unwrap_or(0).max(0) as u64);
-            let token_i = i64::try_from(token)
-                .map_err(|_| Error::protocol(format!("fencing token of {name:?} overflowed")))?;
-            q(SET_TOKEN)
-                .bind(name)
-                .bind(token_i)
-                .execute(&mut *c)
-                .await
-                .map_err(db)?;
-            let (take, max) = req.mode.permits();
-            q(INSERT_HOLD)
-                .bind(&req.hold_id)
-                .bind(name)
-                .bind(&req.owner_key)
-                .bind(req.mode.code())
-                .bind(i64::from(take))
-                .bind(i64::from(max))
-                .bind(token_i)
-                .bind(now.saturating_add(ms(req.lease)))
-                .execute(&mut *c)
-                .await
-                .map_err(db)?;
-            if let Some(t) = mine {
-                q(DELETE_TICKET)
-                    .bind(t)
+        let outcome = match decide(req, &holds, queued_ahead) {
+            Decision::Refuse(why) => Outcome::Refused(why),
+            Decision::Grant => {
+                let last: Option<i64> = q(LAST_TOKEN)
+                    .bind(name)
+                    .fetch_optional(&mut *c)
+                    .await
+                    .map_err(db)
+                    .and_then(scalar)?;
+                let token = next_token(last.unwrap_or(0).max(0) as u64);
+                let token_i = i64::try_from(token).map_err(|_| {
+                    Error::protocol(format!("fencing token of {name:?} overflowed"))
+                })?;
+                q(SET_TOKEN)
+                    .bind(name)
+                    .bind(token_i)
                     .execute(&mut *c)
                     .await
                     .map_err(db)?;
-                // The next fair waiter may be grantable now (readers in a row).
-                changed |= req.fair;
-            }
-            Outcome::granted(token)
-        } else {
-            let expires = now + ms(QUEUE_TTL);
-            let ticket = match (mine, req.will_wait) {
-                (Some(t), _) => {
-                    q(REFRESH_TICKET)
+                let (take, max) = req.mode.permits();
+                q(INSERT_HOLD)
+                    .bind(&req.hold_id)
+                    .bind(name)
+                    .bind(&req.owner_key)
+                    .bind(req.mode.code())
+                    .bind(i64::from(take))
+                    .bind(i64::from(max))
+                    .bind(token_i)
+                    .bind(now.saturating_add(ms(req.lease)))
+                    .execute(&mut *c)
+                    .await
+                    .map_err(db)?;
+                if let Some(t) = mine {
+                    q(DELETE_TICKET)
                         .bind(t)
-                        .bind(expires)
                         .execute(&mut *c)
                         .await
                         .map_err(db)?;
-                    Some(t)
+                    // The next fair waiter may be grantable now (readers in a row).
+                    changed |= req.fair;
                 }
-                (None, true) => {
-                    let row = q(INSERT_WAITER)
-                        .bind(name)
-                        .bind(req.fair)
-                        .bind(self.wake.addr())
-                        .bind(expires)
-                        .fetch_one(&mut *c)
-                        .await
-                        .map_err(db)?;
-                    Some(row.try_get(0).map_err(db)?)
-                }
-                (None, false) => None,
-            };
-            let retry_after = holds
-                .iter()
-                .map(|h| Duration::from_millis((h.expires_ms - now).max(1) as u64))
-                .min();
-            Outcome::Busy(Blocked {
-                ticket,
-                retry_after,
-            })
+                Outcome::granted(token)
+            }
+            Decision::Wait { retry_after } => {
+                let expires = now + ms(QUEUE_TTL);
+                let ticket = match (mine, req.will_wait) {
+                    (Some(t), _) => {
+                        q(REFRESH_TICKET)
+                            .bind(t)
+                            .bind(expires)
+                            .execute(&mut *c)
+                            .await
+                            .map_err(db)?;
+                        Some(t)
+                    }
+                    (None, true) => {
+                        let row = q(INSERT_WAITER)
+                            .bind(name)
+                            .bind(req.fair)
+                            .bind(self.wake.addr())
+                            .bind(expires)
+                            .fetch_one(&mut *c)
+                            .await
+                            .map_err(db)?;
+                        Some(row.try_get(0).map_err(db)?)
+                    }
+                    (None, false) => None,
+                };
+                Outcome::Busy(Blocked {
+                    ticket,
+                    retry_after,
+                })
+            }
         };
         tx.commit().await.map_err(db)?;
         Ok((outcome, changed))

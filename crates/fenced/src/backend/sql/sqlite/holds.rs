@@ -92,13 +92,13 @@ impl LockBackend for SqliteBackend {
                 .map_err(db)?;
             let mut holders = Vec::new();
             for r in &rows {
-                let h = hold_row(r)?;
-                if h.expires_ms > now {
+                let h = hold_row(r, now)?;
+                if h.left_ms > 0 {
                     holders.push(HolderInfo {
+                        lease_left: h.lease_left(),
                         owner: h.owner,
                         mode: h.mode,
                         token: h.token,
-                        lease_left: Duration::from_millis((h.expires_ms - now) as u64),
                     });
                 }
             }

@@ -37,7 +37,7 @@
 
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::spi::grant::{Held, grantable, next_token, permits_differ};
+use crate::spi::grant::{Decision, LiveHold, decide, next_token, stands};
 use crate::spi::lease::QUEUE_TTL;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
@@ -145,26 +145,18 @@ fn is_busy(e: &sqlx::Error) -> bool {
         .is_some_and(|c| matches!(c & 0xff, 5 | 6))
 }
 
-struct HoldRow {
-    hold_id: String,
-    owner: String,
-    mode: Mode,
-    token: u64,
-    expires_ms: i64,
-}
-
-fn hold_row(r: &sqlx::sqlite::SqliteRow) -> Result<HoldRow> {
+fn hold_row(r: &sqlx::sqlite::SqliteRow, now: i64) -> Result<LiveHold> {
     let code: i64 = r.try_get("mode").map_err(db)?;
     let take: i64 = r.try_get("take").map_err(db)?;
     let max: i64 = r.try_get("max").map_err(db)?;
     let mode = Mode::from_code(code, take as u32, max as u32)
         .ok_or_else(|| Error::protocol(format!("fenced_holds has an unknown mode {code}")))?;
-    Ok(HoldRow {
+    Ok(LiveHold {
         hold_id: r.try_get("hold_id").map_err(db)?,
         owner: r.try_get("owner").map_err(db)?,
         mode,
         token: r.try_get::<i64, _>("token").map_err(db)? as u64,
-        expires_ms: r.try_get("expires_ms").map_err(db)?,
+        left_ms: r.try_get::<i64, _>("expires_ms").map_err(db)? - now,
     })
 }
 
