@@ -327,6 +327,9 @@ async fn run_inner(
                         if renewed {
                             inner.watchdog.watch(hold.clone());
                         }
+                        if !backend.ends_holds() {
+                            tokio::spawn(hold.clone().end_unrenewed());
+                        }
                         tracing::debug!(token, ?waited, "acquired");
                         hold
                     }

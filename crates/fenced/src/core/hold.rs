@@ -142,6 +142,9 @@ impl Hold {
 
     pub(crate) fn set_released(&self) {
         self.released.store(true, Ordering::Release);
+        // Wakes the lease timer of a backend that does not end holds
+        // itself (see `end_unrenewed`), which then has nothing left to do.
+        self.state.send_modify(|_| {});
     }
 
     pub(crate) fn state(&self) -> HoldState {
@@ -257,6 +260,50 @@ impl Hold {
                         std::future::pending::<()>().await;
                     }
                 }
+                _ = session_moved => {}
+            }
+        }
+    }
+
+    /// The lease timer of a hold whose backend does not end it when its
+    /// lease runs out (a key, node or advisory lock that lives as long as
+    /// the client's session): once the hold is no longer believed, by its
+    /// lease or its session, it counts as lost and its release goes to the
+    /// worker, so the lock is freed for others as a lease would free it.
+    /// Renewals move the deadline; a release ends the timer. One mechanism
+    /// for every such backend, run by the core.
+    pub(crate) async fn end_unrenewed(self: Arc<Self>) {
+        let mut rx = self.state.subscribe();
+        let mut session = self.session.clone();
+        loop {
+            let s = *rx.borrow_and_update();
+            if s.lost.is_some() || self.is_released() {
+                return;
+            }
+            let until = match session.as_mut() {
+                Some(b) => s.deadline.min(*b.borrow_and_update()),
+                None => s.deadline,
+            };
+            let session_moved = async {
+                let moved = match session.as_mut() {
+                    Some(b) => b.changed().await.is_ok(),
+                    None => false,
+                };
+                if !moved {
+                    // The session's clock will move no more: its last
+                    // word stands, and the sleep below reaches it.
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => {
+                    if let Some(reason) = self.ran_out() {
+                        // Not if a release came first: mark_lost checks.
+                        self.mark_lost(reason);
+                        return;
+                    }
+                }
+                changed = rx.changed() => if changed.is_err() { return },
                 _ = session_moved => {}
             }
         }

@@ -24,6 +24,9 @@
 //!   is not attempted again within
 //!   [`QUEUE_TTL`](crate::spi::lease::QUEUE_TTL) is dropped by the
 //!   backend, so a dead waiter blocks others for at most that long.
+//! - **Leases end holds.** A hold whose lease runs out unrenewed is
+//!   ended: by the server where it counts leases, else by the core, which
+//!   releases it ([`LockBackend::ends_holds`]).
 //! - **Renewal is measured from its send time.** A `Held` renewal means
 //!   the server kept the hold at least a full lease from the moment the
 //!   request was sent; the core derives the deadline it believes from
@@ -63,6 +66,16 @@ pub(crate) trait LockBackend: Send + Sync + 'static {
     /// One atomic try. On `Busy` with `will_wait`, the backend must already
     /// have arranged to wake this name when it changes.
     fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>>;
+
+    /// Whether the server ends a hold when its lease runs out (a Redis
+    /// key's TTL, a lease table's expiry). `false` where a hold lives as
+    /// long as the client's session (an etcd key on the session lease, a
+    /// ZooKeeper ephemeral node, an advisory lock): the core then ends a
+    /// hold whose lease ran out unrenewed, by releasing it, so no backend
+    /// keeps lease timers of its own.
+    fn ends_holds(&self) -> bool {
+        true
+    }
 
     /// Extends each hold's lease; one [`Renewal`] per hold, in order.
     fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>>;

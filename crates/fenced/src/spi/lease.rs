@@ -1,6 +1,5 @@
 //! Lease arithmetic: until when a grant, a renewal or a session is
-//! believed, how long a queue place lives, and the timer of a lease the
-//! server does not count itself.
+//! believed, how long a queue place lives, and how long leases may be.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -114,55 +113,5 @@ impl<K: Copy + PartialEq> SessionClock<K> {
             live.ended = true;
             live.bound.send_replace(Instant::now());
         }
-    }
-}
-
-/// Returns when the deadline in `rx` has passed: renewals move it forward,
-/// and a sender set to now (or dropped) ends the wait at once. The lease
-/// of a session-held lock, which the server does not time out itself.
-#[cfg_attr(
-    not(any(
-        feature = "postgres",
-        feature = "mysql",
-        feature = "etcd",
-        feature = "zookeeper"
-    )),
-    allow(dead_code)
-)]
-pub(crate) async fn lease_runs_out(mut rx: tokio::sync::watch::Receiver<tokio::time::Instant>) {
-    loop {
-        let until = *rx.borrow_and_update();
-        tokio::select! {
-            _ = tokio::time::sleep_until(until) => {
-                if *rx.borrow() <= tokio::time::Instant::now() {
-                    return;
-                }
-            }
-            changed = rx.changed() => if changed.is_err() { return },
-        }
-    }
-}
-
-/// Starts a hold's lease timer, the first time only: `end` runs when the
-/// lease in `slot` runs out (or its sender is dropped). A second answer
-/// for one hold (a try that outlived its caller's patience, answered
-/// after the next) keeps the first grant's lease: a second timer would
-/// orphan the first, which would end the hold early.
-#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
-pub(crate) fn arm_lease_once<F>(
-    slot: &std::sync::Mutex<Option<tokio::sync::watch::Sender<tokio::time::Instant>>>,
-    lease: Duration,
-    end: F,
-) where
-    F: std::future::Future<Output = ()> + Send + 'static,
-{
-    let mut slot = super::sync::unpoisoned(slot);
-    if slot.is_none() {
-        let (tx, rx) = tokio::sync::watch::channel(tokio::time::Instant::now() + lease);
-        *slot = Some(tx);
-        tokio::spawn(async move {
-            lease_runs_out(rx).await;
-            end.await;
-        });
     }
 }

@@ -134,11 +134,7 @@ impl EtcdShared {
                 if let Some(w) = unpoisoned(&own.watcher).take() {
                     w.abort();
                 }
-                let (me, id) = (self.clone(), req.hold_id.clone());
-                arm_lease_once(&own.deadline, req.lease, async move {
-                    me.end_patiently(&id, crate::backend::queue::TRIES_WAITED_ON)
-                        .await;
-                });
+                unpoisoned(&own.deadline).get_or_insert(Instant::now() + req.lease);
                 Ok(Outcome::Granted {
                     token: rev as u64,
                     session: Some(self.session.clock.bound_of(own.lease)),
@@ -228,9 +224,7 @@ impl EtcdShared {
             self.haunt(own.key.clone());
         }
         unpoisoned(&self.keys).remove(hold_id);
-        if let Some(d) = unpoisoned(&own.deadline).take() {
-            d.send_replace(Instant::now());
-        }
+        unpoisoned(&own.deadline).take();
         self.wakeups.wake(own.name.as_str());
         Ok(done)
     }

@@ -3,6 +3,12 @@
 use super::*;
 
 impl LockBackend for EtcdBackend {
+    /// Holds live on the session, not on a lease the server counts: the
+    /// core ends one whose lease runs out unrenewed.
+    fn ends_holds(&self) -> bool {
+        false
+    }
+
     fn scheme(&self) -> &'static str {
         "etcd"
     }
@@ -34,8 +40,8 @@ impl LockBackend for EtcdBackend {
                     .kvs()
                     .first()
                     .is_some_and(|kv| kv.create_revision() == rev);
-                if here && let Some(d) = unpoisoned(&own.deadline).as_ref() {
-                    d.send_replace(Instant::now() + r.lease);
+                if here && let Some(d) = unpoisoned(&own.deadline).as_mut() {
+                    *d = Instant::now() + r.lease;
                 }
                 Renewal::from(here)
             });
@@ -107,9 +113,7 @@ impl LockBackend for EtcdBackend {
                     .values()
                     .find(|o| o.key == kv.key())
                     .and_then(|o| {
-                        unpoisoned(&o.deadline)
-                            .as_ref()
-                            .map(|d| d.borrow().saturating_duration_since(Instant::now()))
+                        unpoisoned(&o.deadline).map(|d| d.saturating_duration_since(Instant::now()))
                     })
                     .unwrap_or(Duration::from_secs(inner.session.ttl as u64));
                 holders.push(HolderInfo {

@@ -48,7 +48,6 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::endpoints::Endpoints;
 use crate::spi::grant::permits_differ;
-use crate::spi::lease::arm_lease_once;
 use crate::spi::lease::{SessionClock, believed_until};
 use crate::spi::sync::unpoisoned;
 use crate::spi::wake::Wakeups;
@@ -64,7 +63,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 mod attempt;
@@ -122,8 +120,9 @@ struct OwnKey {
     lease: i64,
     /// Its create revision once known (the token when granted).
     rev: AtomicI64,
-    /// Set when granted: the lease deadline renewals move.
-    deadline: Mutex<Option<watch::Sender<Instant>>>,
+    /// Set when granted: until when its lease runs (moved by renewals),
+    /// for status. The core ends a hold whose lease runs out.
+    deadline: Mutex<Option<Instant>>,
     /// The watch that wakes this waiter.
     watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }

@@ -50,11 +50,7 @@ impl ZkShared {
                     w.abort();
                 }
                 self.mark_earlier_holds(&own, token);
-                let (me, id) = (self.clone(), req.hold_id.clone());
-                arm_lease_once(&own.deadline, req.lease, async move {
-                    me.end_patiently(&id, crate::backend::queue::TRIES_WAITED_ON)
-                        .await;
-                });
+                unpoisoned(&own.deadline).get_or_insert(Instant::now() + req.lease);
                 Ok(Outcome::Granted {
                     token: token as u64,
                     session: Some(self.clock.bound_of(own.session)),
@@ -204,9 +200,7 @@ impl ZkShared {
             }
         }
         unpoisoned(&self.nodes).remove(hold_id);
-        if let Some(d) = unpoisoned(&own.deadline).take() {
-            d.send_replace(Instant::now());
-        }
+        unpoisoned(&own.deadline).take();
         self.wakeups.wake(own.name.as_str());
         Ok(was)
     }

@@ -3,6 +3,12 @@
 use super::*;
 
 impl LockBackend for ZkBackend {
+    /// Holds live on the session, not on a lease the server counts: the
+    /// core ends one whose lease runs out unrenewed.
+    fn ends_holds(&self) -> bool {
+        false
+    }
+
     fn scheme(&self) -> &'static str {
         "zk"
     }
@@ -34,8 +40,8 @@ impl LockBackend for ZkBackend {
                         return Renewal::Unknown;
                     };
                     let here = stat.is_some_and(|s| s.czxid == *unpoisoned(&own.czxid));
-                    if here && let Some(d) = unpoisoned(&own.deadline).as_ref() {
-                        d.send_replace(Instant::now() + r.lease);
+                    if here && let Some(d) = unpoisoned(&own.deadline).as_mut() {
+                        *d = Instant::now() + r.lease;
                     }
                     Renewal::from(here)
                 }
@@ -124,9 +130,7 @@ impl LockBackend for ZkBackend {
                     .values()
                     .find(|o| unpoisoned(&o.child).as_deref() == Some(child.as_str()))
                     .and_then(|o| {
-                        unpoisoned(&o.deadline)
-                            .as_ref()
-                            .map(|d| d.borrow().saturating_duration_since(Instant::now()))
+                        unpoisoned(&o.deadline).map(|d| d.saturating_duration_since(Instant::now()))
                     })
                     .unwrap_or(inner.session_timeout);
                 holders.push(HolderInfo {

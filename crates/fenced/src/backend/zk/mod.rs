@@ -45,7 +45,6 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::endpoints::Endpoints;
 use crate::spi::grant::permits_differ;
-use crate::spi::lease::arm_lease_once;
 use crate::spi::lease::{SessionClock, believed_until};
 use crate::spi::sync::unpoisoned;
 use crate::spi::wake::Wakeups;
@@ -57,7 +56,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -134,7 +132,9 @@ struct OwnNode {
     czxid: Mutex<i64>,
     /// The session the node belongs to.
     session: u64,
-    deadline: Mutex<Option<watch::Sender<Instant>>>,
+    /// Set when granted: until when its lease runs (moved by renewals),
+    /// for status. The core ends a hold whose lease runs out.
+    deadline: Mutex<Option<Instant>>,
     watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Set before its create goes out: from then on a node may exist that
     /// `child` does not name yet (the reply was lost, or its future was

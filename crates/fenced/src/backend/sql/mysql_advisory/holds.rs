@@ -3,6 +3,12 @@
 use super::*;
 
 impl LockBackend for MySqlAdvisory {
+    /// Holds live on the session, not on a lease the server counts: the
+    /// core ends one whose lease runs out unrenewed.
+    fn ends_holds(&self) -> bool {
+        false
+    }
+
     fn scheme(&self) -> &'static str {
         "mysql"
     }
@@ -22,9 +28,6 @@ impl LockBackend for MySqlAdvisory {
                     return Renewal::Gone;
                 };
                 let mine = self.shared.touch(&hold).await;
-                if mine {
-                    hold.deadline.send_replace(Instant::now() + r.lease);
-                }
                 Renewal::from(mine)
             });
             Ok(futures_util::future::join_all(checks).await)

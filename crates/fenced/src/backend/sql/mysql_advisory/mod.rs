@@ -44,7 +44,6 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::lease::QUEUE_TTL;
 use crate::spi::lease::believed_until;
-use crate::spi::lease::lease_runs_out;
 use crate::spi::sync::unpoisoned;
 use crate::spi::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
@@ -89,13 +88,14 @@ struct Session {
     id: i64,
 }
 
-/// One hold: its session, and the deadline a renewal moves.
+/// One hold: its session, and whether it has ended.
 struct SessionHold {
     session: tokio::sync::Mutex<Option<Session>>,
     key: String,
     name: LockName,
     owner: String,
-    deadline: watch::Sender<Instant>,
+    /// Set when the hold ends: its session keeper stops.
+    ended: watch::Sender<bool>,
     /// Until when the server keeps the session (its `wait_timeout`).
     alive: watch::Sender<Instant>,
 }

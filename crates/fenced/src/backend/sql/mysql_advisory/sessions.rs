@@ -140,27 +140,28 @@ impl Shared {
             key,
             name: req.name.clone(),
             owner: req.owner_key.clone(),
-            deadline: watch::Sender::new(Instant::now() + req.lease),
+            ended: watch::Sender::new(false),
             alive: watch::Sender::new(believed_until(sent, self.idle_timeout)),
         });
         let bound = hold.alive.subscribe();
         unpoisoned(&self.holds).insert(req.hold_id.clone(), hold.clone());
         let me = self.clone();
-        let id = req.hold_id.clone();
         tokio::spawn(async move {
             // Keep the session from the server's idle timeout until the
-            // lease ends.
-            let ends = lease_runs_out(hold.deadline.subscribe());
-            tokio::pin!(ends);
+            // hold ends. (A hold whose lease runs out unrenewed is ended
+            // by the core, which releases it: no lease timer here.)
+            let mut ended = hold.ended.subscribe();
             loop {
+                if *ended.borrow_and_update() {
+                    break;
+                }
                 tokio::select! {
-                    _ = &mut ends => break,
+                    changed = ended.changed() => if changed.is_err() { break },
                     _ = tokio::time::sleep(me.idle_timeout / 3) => {
                         me.touch(&hold).await;
                     }
                 }
             }
-            me.end(&id).await;
         });
         Ok(Outcome::Granted {
             token,
@@ -303,8 +304,8 @@ impl Shared {
         let Some(hold) = unpoisoned(&self.holds).remove(hold_id) else {
             return Some(false);
         };
-        // Let its lease task end now.
-        hold.deadline.send_replace(Instant::now());
+        // Let its session keeper end now.
+        hold.ended.send_replace(true);
         let Some(s) = hold.session.lock().await.take() else {
             return Some(false);
         };

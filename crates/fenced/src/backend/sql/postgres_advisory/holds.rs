@@ -3,6 +3,12 @@
 use super::*;
 
 impl LockBackend for PgAdvisory {
+    /// Holds live on the session, not on a lease the server counts: the
+    /// core ends one whose lease runs out unrenewed.
+    fn ends_holds(&self) -> bool {
+        false
+    }
+
     fn scheme(&self) -> &'static str {
         "postgres"
     }
@@ -23,9 +29,6 @@ impl LockBackend for PgAdvisory {
                 };
                 // The session is alive, so the server still holds our lock.
                 let alive = touch(&hold, self.idle_timeout).await;
-                if alive {
-                    hold.deadline.send_replace(Instant::now() + r.lease);
-                }
                 Renewal::from(alive)
             });
             Ok(futures_util::future::join_all(checks).await)

@@ -37,7 +37,6 @@ use crate::backend::sql::postgres::PgBackend;
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::lease::believed_until;
-use crate::spi::lease::lease_runs_out;
 use crate::spi::sync::unpoisoned;
 use crate::spi::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
@@ -87,7 +86,7 @@ fn halves(key: i64) -> (i64, i64) {
     ((k >> 32) as i64, (k & 0xffff_ffff) as i64)
 }
 
-/// One hold: its session, and the deadline a renewal moves.
+/// One hold: its session, and whether it has ended.
 struct SessionHold {
     /// Shared by the holds of one owner on one key (a writer taking read
     /// must use its own session, or its write lock would block it).
@@ -96,7 +95,8 @@ struct SessionHold {
     shared: bool,
     key: i64,
     name: LockName,
-    deadline: watch::Sender<Instant>,
+    /// Set when the hold ends: its session keeper stops.
+    ended: watch::Sender<bool>,
     /// Until when the server keeps the session (with an idle timeout).
     alive: Option<watch::Sender<Instant>>,
 }
@@ -265,18 +265,13 @@ impl PgAdvisory {
             shared,
             key: k,
             name: req.name.clone(),
-            deadline: watch::Sender::new(Instant::now() + req.lease),
+            ended: watch::Sender::new(false),
             alive,
         });
         unpoisoned(&self.holds).insert(req.hold_id.clone(), hold.clone());
-        tokio::spawn(expire(
-            self.idle.clone(),
-            hold,
-            req.hold_id.clone(),
-            self.holds.clone(),
-            self.table.clone(),
-            self.idle_timeout,
-        ));
+        if let Some(t) = self.idle_timeout {
+            tokio::spawn(keep_busy(hold, t));
+        }
         Ok(Outcome::Granted {
             token,
             session: bound,
@@ -291,8 +286,8 @@ impl PgAdvisory {
         let Some(hold) = unpoisoned(&self.holds).remove(hold_id) else {
             return Some(false);
         };
-        // Let its expiry task end now, dropping its share of the session.
-        hold.deadline.send_replace(Instant::now());
+        // Let its session keeper end now, dropping its share of the session.
+        hold.ended.send_replace(true);
         let was = unlock(&hold, &self.idle).await;
         self.table.wake_waiters(hold.name.as_str()).await;
         was
@@ -363,32 +358,21 @@ async fn touch(hold: &SessionHold, idle_timeout: Option<Duration>) -> bool {
     alive
 }
 
-/// Ends a hold whose lease ran out without a renewal; meanwhile keeps its
-/// session from the server's idle timeout, if it has one.
-async fn expire(
-    idle: Arc<IdleSessions<PgConnection>>,
-    hold: Arc<SessionHold>,
-    hold_id: String,
-    holds: Holds,
-    table: Arc<PgBackend>,
-    idle_timeout: Option<Duration>,
-) {
-    let ends = lease_runs_out(hold.deadline.subscribe());
-    tokio::pin!(ends);
-    match idle_timeout {
-        None => ends.await,
-        Some(t) => loop {
-            tokio::select! {
-                _ = &mut ends => break,
-                _ = tokio::time::sleep(t / 3) => {
-                    touch(&hold, idle_timeout).await;
-                }
+/// Keeps a hold's session from the server's idle timeout `t` until the
+/// hold ends. (A hold whose lease runs out unrenewed is ended by the core,
+/// which releases it: this backend keeps no lease timer.)
+async fn keep_busy(hold: Arc<SessionHold>, t: Duration) {
+    let mut ended = hold.ended.subscribe();
+    loop {
+        if *ended.borrow_and_update() {
+            return;
+        }
+        tokio::select! {
+            changed = ended.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(t / 3) => {
+                touch(&hold, Some(t)).await;
             }
-        },
-    }
-    if unpoisoned(&holds).remove(&hold_id).is_some() {
-        unlock(&hold, &idle).await;
-        table.wake_waiters(hold.name.as_str()).await;
+        }
     }
 }
 
