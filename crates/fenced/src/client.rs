@@ -138,9 +138,10 @@ impl Client {
     }
 
     /// A counting semaphore with `permits` permits; each acquisition takes
-    /// one (see [`Lock::permits`] for more), and permits of a holder that
-    /// dies come back when its lease runs out.
-    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Lock> {
+    /// one (see [`Semaphore::permits`](crate::Semaphore::permits) for
+    /// more), and permits of a holder that dies come back when its lease
+    /// runs out.
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<crate::Semaphore> {
         if permits == 0 || permits > MAX_PERMITS {
             return Err(Error::invalid(format!(
                 "semaphore {name:?} needs 1 to {MAX_PERMITS} permits, not {permits}"
@@ -150,7 +151,11 @@ impl Client {
             take: 1,
             max: permits,
         };
-        Ok(Lock::new(self.clone(), LockName::new(name)?, mode))
+        Ok(crate::Semaphore::new(Lock::new(
+            self.clone(),
+            LockName::new(name)?,
+            mode,
+        )))
     }
 
     /// A fenced register: a value that accepts writes only with a fencing

@@ -1,5 +1,6 @@
-//! Lock handles: mutex, the two sides of a read-write lock, and semaphores
-//! are one type, [`Lock`], in different [`Mode`]s.
+//! Lock handles: a mutex and the two sides of a read-write lock are one
+//! type, [`Lock`], in different [`Mode`]s; a [`Semaphore`](crate::Semaphore)
+//! is the same machine with permits.
 
 use crate::client::Client;
 use crate::core::acquire::{self, Wait};
@@ -16,7 +17,8 @@ use tokio::time::Instant;
 
 /// A handle on one lock; acquiring it yields a [`Guard`].
 ///
-/// Made by [`Client::mutex`], [`Client::semaphore`] and [`RwLock`]; cheap
+/// Made by [`Client::mutex`] and [`RwLock`] (and under a
+/// [`Semaphore`](crate::Semaphore)); cheap
 /// to clone. The builder methods set options for the acquisitions made
 /// through this handle:
 ///
@@ -51,7 +53,6 @@ pub struct Lock {
     /// A side of a read-write lock (backends with distinct layouts for a
     /// mutex and a write lock, like Curator's, name its nodes apart).
     pub(crate) rw: bool,
-    misuse: Option<String>,
 }
 
 impl Lock {
@@ -62,7 +63,6 @@ impl Lock {
             mode,
             opts: LockOptions::default(),
             rw: false,
-            misuse: None,
         }
     }
 
@@ -129,30 +129,6 @@ impl Lock {
         self
     }
 
-    /// For a semaphore: how many permits each acquisition takes (1 by default).
-    pub fn permits(mut self, take: u32) -> Self {
-        match &mut self.mode {
-            Mode::Permits { take: t, max } => {
-                if take == 0 || take > *max {
-                    self.misuse = Some(format!(
-                        "semaphore {:?} has {max} permits; cannot take {take}",
-                        self.name.as_str()
-                    ));
-                } else {
-                    *t = take;
-                }
-            }
-            _ => {
-                self.misuse = Some(format!(
-                    "permits() applies to semaphores; {:?} is a {:?} lock",
-                    self.name.as_str(),
-                    self.mode
-                ))
-            }
-        }
-        self
-    }
-
     /// The lock's name.
     pub fn name(&self) -> &str {
         self.name.as_str()
@@ -197,8 +173,13 @@ impl Lock {
     }
 
     pub(crate) fn check(&self) -> Result<()> {
-        if let Some(m) = &self.misuse {
-            return Err(Error::invalid(m.clone()));
+        if let Mode::Permits { take, max } = self.mode
+            && (take == 0 || take > max)
+        {
+            return Err(Error::invalid(format!(
+                "semaphore {:?} has {max} permits; cannot take {take}",
+                self.name.as_str()
+            )));
         }
         self.opts.validate()?;
         if self.opts.fair && !self.client.inner.backend.supports_fair() {

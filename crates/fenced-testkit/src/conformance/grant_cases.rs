@@ -97,7 +97,7 @@ fn lock_of(client: &Client, name: &str, side: Side, me: &Owner) -> fenced::Resul
         Mutex(w) => (client.mutex(name)?, w),
         Read(w) => (client.rwlock(name)?.read(), w),
         Write(w) => (client.rwlock(name)?.write(), w),
-        Permits(w, take, max) => (client.semaphore(name, max)?.permits(take), w),
+        Permits(w, take, max) => (client.semaphore(name, max)?.permits(take).into(), w),
     };
     Ok(match who {
         Me => lock.owner(me),
