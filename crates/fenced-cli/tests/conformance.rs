@@ -22,6 +22,8 @@ fenced_testkit::conformance_suite!(
         killed_session_is_reported: "holds live on a lease, not on a session a test can end",
         tokens_rise_across_a_restart: "memory:// has no server to restart",
         cut_off_run_is_killed_before_the_next_runs: "memory:// is one process's",
+        leader_killed_while_held: "one process: no leader",
+        paused_run_loses_its_session: "memory:// is one process's",
     }
 );
 
@@ -40,6 +42,8 @@ fenced_testkit::conformance_suite!(
         killed_session_is_reported: "holds live on a lease, not on a session a test can end",
         tokens_rise_across_a_restart: "an SQLite file has no server to restart",
         cut_off_run_is_killed_before_the_next_runs: "no network between this client and its backend",
+        leader_killed_while_held: "one file: no leader",
+        paused_run_loses_its_session: "holds live on a lease here, which frees a paused holder's lock when it ends (killed_holder_process_frees_lock covers a holder that stops)",
     }
 );
 
@@ -50,6 +54,8 @@ fenced_testkit::conformance_suite!(
     skip {
         killed_session_is_reported: "holds live on a lease, not on a session a test can end",
         cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed",
+        leader_killed_while_held: "one server: no leader",
+        paused_run_loses_its_session: "holds live on a lease here, which frees a paused holder's lock when it ends (killed_holder_process_frees_lock covers a holder that stops)",
     }
 );
 
@@ -61,6 +67,8 @@ fenced_testkit::conformance_suite!(
         killed_session_is_reported: "holds live on a lease, not on a session a test can end",
         semaphore_is_refused: "mutexes only: shared_modes_are_refused checks the refusal",
         cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed",
+        leader_killed_while_held: "one server: no leader",
+        paused_run_loses_its_session: "holds live on a lease here, which frees a paused holder's lock when it ends (killed_holder_process_frees_lock covers a holder that stops)",
     }
 );
 
@@ -71,6 +79,8 @@ fenced_testkit::conformance_suite!(
     skip {
         killed_session_is_reported: "holds live on a lease, not on a session a test can end",
         cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed",
+        leader_killed_while_held: "independent masters elect no leader; the torture suite kills one",
+        paused_run_loses_its_session: "holds live on a lease here, which frees a paused holder's lock when it ends (killed_holder_process_frees_lock covers a holder that stops)",
     }
 );
 
@@ -84,6 +94,8 @@ fenced_testkit::conformance_suite!(
         killed_session_is_reported: "holds live on a lease, not on a session a test can end",
         tokens_rise_across_a_restart: "several servers: the torture suite restarts one of them (restart, leader, failover faults)",
         cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed",
+        leader_killed_while_held: "the torture suite's failover fault covers a master that dies",
+        paused_run_loses_its_session: "holds live on a lease here, which frees a paused holder's lock when it ends (killed_holder_process_frees_lock covers a holder that stops)",
     }
 );
 
@@ -97,6 +109,8 @@ fenced_testkit::conformance_suite!(
         killed_session_is_reported: "holds live on a lease, not on a session a test can end",
         tokens_rise_across_a_restart: "several servers: the torture suite restarts one of them (restart, leader, failover faults)",
         cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed",
+        leader_killed_while_held: "the torture suite's failover fault covers a master that dies",
+        paused_run_loses_its_session: "holds live on a lease here, which frees a paused holder's lock when it ends (killed_holder_process_frees_lock covers a holder that stops)",
     }
 );
 
@@ -107,6 +121,8 @@ fenced_testkit::conformance_suite!(
     skip {
         killed_session_is_reported: "holds live on a lease, not on a session a test can end",
         cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed",
+        leader_killed_while_held: "one server: no leader",
+        paused_run_loses_its_session: "holds live on a lease here, which frees a paused holder's lock when it ends (killed_holder_process_frees_lock covers a holder that stops)",
     }
 );
 
@@ -117,7 +133,9 @@ fenced_testkit::conformance_suite!(
         core, rw, no_permits, no_fair, processes, network, session, restart
     ],
     skip {
-        cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed"
+        cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed",
+        leader_killed_while_held: "one server: no leader",
+        paused_run_loses_its_session: "a paused client keeps its database session, and so its lock, until the server ends the idle session (idle_session_timeout, off by default): the limit of session advisory locks",
     }
 );
 
@@ -128,6 +146,8 @@ fenced_testkit::conformance_suite!(
     skip {
         killed_session_is_reported: "holds live on a lease, not on a session a test can end",
         cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed",
+        leader_killed_while_held: "one server: no leader",
+        paused_run_loses_its_session: "holds live on a lease here, which frees a paused holder's lock when it ends (killed_holder_process_frees_lock covers a holder that stops)",
     }
 );
 
@@ -140,6 +160,8 @@ fenced_testkit::conformance_suite!(
     skip {
         semaphore_is_refused: "mutexes only: shared_modes_are_refused checks the refusal",
         cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed",
+        leader_killed_while_held: "one server: no leader",
+        paused_run_loses_its_session: "a paused client keeps its database session, and so its lock, until the server ends the idle session (wait_timeout, 8 h by default): the limit of GET_LOCK",
     }
 );
 
@@ -156,15 +178,19 @@ fenced_testkit::conformance_suite!(
         network,
         run_cut_off,
         session,
-        restart
-    ]
+        restart,
+        pause
+    ],
+    skip {
+        leader_killed_while_held: "one member: the three-member fixture runs it",
+    }
 );
 
 #[cfg(feature = "etcd")]
 fenced_testkit::conformance_suite!(
     etcd_cluster,
     Fixture::etcd(env!("CARGO_BIN_EXE_fenced"), 3),
-    [core, rw, permits, fair, network, session],
+    [core, rw, permits, fair, network, session, leader, pause],
     skip {
         processes_exclude_each_other: "the one-member fixture covers it",
         killed_holder_process_frees_lock: "the one-member fixture covers it",
@@ -185,10 +211,12 @@ fenced_testkit::conformance_suite!(
         processes,
         network,
         run_cut_off,
-        restart
+        restart,
+        pause
     ],
     skip {
-        killed_session_is_reported: "ZooKeeper ends a session only when it stops hearing from its client: the partition test covers that"
+        killed_session_is_reported: "ZooKeeper ends a session only when it stops hearing from its client: the partition test covers that",
+        leader_killed_while_held: "one node: the three-node fixture runs it",
     }
 );
 
@@ -196,7 +224,7 @@ fenced_testkit::conformance_suite!(
 fenced_testkit::conformance_suite!(
     zookeeper_ensemble,
     Fixture::zookeeper(env!("CARGO_BIN_EXE_fenced"), 3),
-    [core, rw, permits, fair, network],
+    [core, rw, permits, fair, network, leader, pause],
     skip {
         processes_exclude_each_other: "the one-node fixture covers it",
         killed_holder_process_frees_lock: "the one-node fixture covers it",

@@ -7,13 +7,10 @@
 use fenced::{Client, ErrorKind};
 use fenced_testkit::servers::zookeeper::ZkEnsemble;
 use fenced_testkit::{Timing, unique};
-use nix::sys::signal::Signal;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::time::Duration;
 
-const FENCED: &str = env!("CARGO_BIN_EXE_fenced");
 
 /// Curator's mutex on `path`, holding it `hold_ms` once it has it.
 fn curator(connect: &str, path: &str, hold_ms: u64) -> (Child, BufReader<ChildStdout>) {
@@ -100,97 +97,6 @@ async fn curator_interop_both_ways() {
     assert_eq!(said, ("acquired".to_owned(), "released".to_owned()));
     assert!(java.wait().unwrap().success());
     client.close().await;
-}
-
-/// Killing the ensemble leader while a lock is held: the session moves to
-/// another node, the hold survives, nobody else gets in, and the waiter
-/// gets the lock after the release.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_killed_while_held() {
-    let t = Timing::default();
-    let mut z = ZkEnsemble::start_n(3);
-    let url = z.url();
-    let (_a, b, name, g) = fenced_testkit::one_holds(&url, "zkleader").await;
-    let leader = z.leader().expect("a leader");
-    z.kill(leader);
-    let lock = b.mutex(&name).unwrap();
-    // Past the default session timeout (10 s): a session lost in the
-    // election would have shown.
-    for _ in 0..12 {
-        tokio::time::sleep(t.ms(1000)).await;
-        let other = t
-            .until_available("the ensemble elects a leader", || lock.try_acquire())
-            .await;
-        assert!(other.is_none(), "two holders after the leader died");
-    }
-    assert!(g.is_held(), "the hold survives the election");
-    let waiter = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
-    tokio::time::sleep(t.ms(200)).await;
-    let token = g.fencing_token();
-    assert!(g.release().await.unwrap());
-    let next = waiter.await.unwrap().unwrap().expect("the waiter gets it");
-    assert!(next.fencing_token() > token);
-    assert!(next.release().await.unwrap());
-}
-
-/// A `fenced run` paused (SIGSTOP) past its session timeout: its session
-/// expires and its node goes, another client gets the lock with a higher
-/// token, the stale token is refused by the fenced register, and when the
-/// paused process resumes it sees the loss and kills its command (76).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paused_client_loses_its_session() {
-    let t = Timing::default();
-    let z = ZkEnsemble::start();
-    let url = z.url();
-    let name = unique("zkpaused");
-    let mut child = Command::new(FENCED)
-        .args([
-            "--backend",
-            &url,
-            "run",
-            &name,
-            "--lease",
-            "30s",
-            "--",
-            "sleep",
-            "60",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let b = Client::connect(&url).await.unwrap();
-    t.wait_until("the child holds the lock", || async {
-        !b.status(&name).await.unwrap().is_free()
-    })
-    .await;
-    let stale = b.status(&name).await.unwrap().holders[0].token;
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    nix::sys::signal::kill(pid, Signal::SIGSTOP).unwrap();
-    // The default session (10 s) runs out, then the server deletes the node.
-    let g = b
-        .mutex(&name)
-        .unwrap()
-        .acquire_timeout(Duration::from_secs(10) + t.eventually())
-        .await
-        .unwrap()
-        .expect("the paused holder's session expires");
-    assert!(g.fencing_token() > stale);
-    let reg = b.register(&format!("{name}:data")).unwrap();
-    reg.write(&g, "new").await.unwrap();
-    let e = reg.write_with_token(stale, "late").await.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::StaleToken);
-    nix::sys::signal::kill(pid, Signal::SIGCONT).unwrap();
-    let code = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        code.code(),
-        Some(76),
-        "the resumed holder must see the loss"
-    );
-    assert!(g.release().await.unwrap());
 }
 
 /// Digest auth: nodes are created with the creator-only ACL, so another

@@ -374,6 +374,26 @@ impl Fixture {
         }
     }
 
+    /// Kills the leader of an ensemble or cluster (SIGKILL) and leaves it
+    /// down; `Err` with the reason where there is no leader to kill.
+    pub fn kill_leader(&self) -> Result<(), &'static str> {
+        match &mut *self.servers() {
+            Servers::Etcd(c) if c.members.len() >= 3 => {
+                let leader = c.leader().expect("the cluster has a leader");
+                c.kill(leader);
+                Ok(())
+            }
+            Servers::Zk(z) if z.nodes.len() >= 3 => {
+                let leader = z.leader().expect("the ensemble has a leader");
+                z.kill(leader);
+                Ok(())
+            }
+            Servers::Local(why) => Err(why),
+            Servers::Foreign => Err("a backend the test kit did not start"),
+            _ => Err("no ensemble here: one server, or independent ones, elect no leader"),
+        }
+    }
+
     /// Kills the server (SIGKILL) and starts it again on its data; `Err`
     /// with the reason where the fixture has no single server to restart.
     pub fn restart(&self) -> Result<(), &'static str> {

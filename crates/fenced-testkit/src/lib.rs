@@ -32,6 +32,8 @@ pub use timing::Timing;
 /// | `run_cut_off` | a `fenced run` holder partitioned: its command killed before the next one's starts |
 /// | `session` | the holder's session ended by the engine |
 /// | `restart` | the server restarted |
+/// | `leader` | the leader of an ensemble or cluster killed while a lock is held |
+/// | `pause` | a `fenced run` holder paused (SIGSTOP) past its session |
 ///
 /// Tests a backend cannot run are listed under `skip` with the reason,
 /// and show as skipped (`#[ignore]`) rather than vanish.
@@ -106,6 +108,12 @@ macro_rules! conformance_suite {
     };
     (@group session, $fixture:expr) => {
         $crate::conformance_suite!(@tests $fixture, [killed_session_is_reported]);
+    };
+    (@group leader, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [leader_killed_while_held]);
+    };
+    (@group pause, $fixture:expr) => {
+        $crate::conformance_suite!(@tests $fixture, [paused_run_loses_its_session]);
     };
     (@group restart, $fixture:expr) => {
         $crate::conformance_suite!(@tests $fixture, [tokens_rise_across_a_restart]);

@@ -576,3 +576,78 @@ pub async fn calls_return_when_the_server_stops_answering(fx: &Fixture) {
         .expect("close returns while the server is silent");
     iso.partition(false);
 }
+
+/// The leader of the ensemble or cluster is killed while a client holds a
+/// lock at the default lease and session: through the election and for
+/// two session timeouts after it nobody else gets the lock, the hold is
+/// still believed, and a waiter gets it, with a higher token, once it is
+/// released.
+pub async fn leader_killed_while_held(fx: &Fixture) {
+    let t = Timing::default();
+    let (_a, b, name, g) = crate::one_holds(&fx.url, "leader").await;
+    fx.kill_leader().expect("this backend has a leader to kill");
+    let lock = b.mutex(&name).unwrap();
+    for _ in 0..2 * fx.session_timeout().as_secs() {
+        tokio::time::sleep(t.ms(1000)).await;
+        let other = t
+            .until_available("a new leader is elected", || lock.try_acquire())
+            .await;
+        assert!(other.is_none(), "two holders after the leader died");
+    }
+    assert!(g.is_held(), "the hold survives the election");
+    let waiter = tokio::spawn(async move { lock.acquire_timeout(Duration::from_secs(20)).await });
+    tokio::time::sleep(t.ms(200)).await;
+    let token = g.fencing_token();
+    assert!(g.release().await.unwrap());
+    let next = waiter.await.unwrap().unwrap().expect("the waiter gets it");
+    assert!(next.fencing_token() > token);
+    assert!(next.release().await.unwrap());
+}
+
+/// A `fenced run` paused (SIGSTOP) past its session timeout, at the
+/// defaults: the server ends its session, another client gets the lock
+/// with a higher token, the stale token is refused by the fenced register,
+/// and when the paused process resumes it sees the loss and kills its
+/// command (exit 76).
+pub async fn paused_run_loses_its_session(fx: &Fixture) {
+    use nix::sys::signal::{Signal, kill};
+    let t = Timing::default();
+    let bin = fx
+        .fenced_bin
+        .clone()
+        .expect("processes tests need the fenced binary");
+    let name = unique("paused");
+    let mut child = crate::process::spawn_run(&bin, &fx.url, &name, &[], &["sleep", "60"]);
+    let b = fx.client().await;
+    t.wait_until("the child holds the lock", || async {
+        !b.status(&name).await.unwrap().is_free()
+    })
+    .await;
+    let stale = b.status(&name).await.unwrap().holders[0].token;
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let g = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(fx.session_timeout() + t.eventually())
+        .await
+        .unwrap()
+        .expect("the paused holder's session ends");
+    assert!(g.fencing_token() > stale);
+    let reg = b.register(&format!("{name}:data")).unwrap();
+    reg.write(&g, "new").await.unwrap();
+    let e = reg.write_with_token(stale, "late").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::StaleToken);
+    kill(pid, Signal::SIGCONT).unwrap();
+    let code = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        code.code(),
+        Some(76),
+        "the resumed holder must see the loss"
+    );
+    assert!(g.is_held());
+    assert!(g.release().await.unwrap());
+}

@@ -56,6 +56,8 @@ pub const TESTS: &[&str] = &[
     "grant_cases_mutex",
     "grant_cases_rw",
     "grant_cases_permits",
+    "leader_killed_while_held",
+    "paused_run_loses_its_session",
 ];
 
 /// Tests that check one thing two ways, one for backends that have a
