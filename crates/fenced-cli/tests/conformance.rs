@@ -65,7 +65,6 @@ fenced_testkit::conformance_suite!(
     [core, mutex_only, fair, processes, network, restart],
     skip {
         killed_session_is_reported: "holds live on a lease, not on a session a test can end",
-        semaphore_is_refused: "mutexes only: shared_modes_are_refused checks the refusal",
         cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed",
         leader_killed_while_held: "one server: no leader",
         paused_run_loses_its_session: "holds live on a lease here, which frees a paused holder's lock when it ends (killed_holder_process_frees_lock covers a holder that stops)",
@@ -158,7 +157,6 @@ fenced_testkit::conformance_suite!(
         core, mutex_only, no_fair, processes, network, session, restart
     ],
     skip {
-        semaphore_is_refused: "mutexes only: shared_modes_are_refused checks the refusal",
         cut_off_run_is_killed_before_the_next_runs: "the in-process partition test covers the rule here; the `fenced run` form runs on etcd and ZooKeeper, where it once failed",
         leader_killed_while_held: "one server: no leader",
         paused_run_loses_its_session: "a paused client keeps its database session, and so its lock, until the server ends the idle session (wait_timeout, 8 h by default): the limit of GET_LOCK",

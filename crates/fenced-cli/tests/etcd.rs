@@ -9,7 +9,6 @@ use fenced_testkit::{Timing, unique};
 use nix::sys::signal::Signal;
 use std::process::{Command, Stdio};
 
-
 /// `etcdctl ARGS...` against `endpoints`, running, with stdout piped.
 fn etcdctl_spawn(endpoints: &str, args: &[&str]) -> std::process::Child {
     Command::new("etcdctl")

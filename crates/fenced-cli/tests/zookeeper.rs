@@ -11,7 +11,6 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 
-
 /// Curator's mutex on `path`, holding it `hold_ms` once it has it.
 fn curator(connect: &str, path: &str, hold_ms: u64) -> (Child, BufReader<ChildStdout>) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLock.java");
