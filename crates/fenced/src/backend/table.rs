@@ -248,14 +248,24 @@ async fn open_redis(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>
 mod tests {
     use super::*;
 
-    /// Every `scheme://` the manifest and the README name is in the table.
+    /// Every `scheme://` the manifest, the README, the crate docs, the test
+    /// kit's servers and the torture topologies name is in the table.
     #[test]
     fn every_documented_scheme_is_in_the_table() {
         let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
         for file in [
             "crates/fenced/Cargo.toml",
             "README.md",
+            "docs/ARCHITECTURE.md",
+            "crates/fenced/src/lib.rs",
             "crates/fenced/src/client.rs",
+            "crates/fenced-testkit/src/torture/topology.rs",
+            "crates/fenced-testkit/src/torture/expect.rs",
+            "crates/fenced-testkit/src/servers/redis.rs",
+            "crates/fenced-testkit/src/servers/etcd.rs",
+            "crates/fenced-testkit/src/servers/zookeeper.rs",
+            "crates/fenced-testkit/src/servers/postgres.rs",
+            "crates/fenced-testkit/src/servers/mariadb.rs",
         ] {
             let text = std::fs::read_to_string(format!("{root}/{file}")).unwrap();
             for (i, _) in text.match_indices("://") {
