@@ -71,7 +71,7 @@ pub const RW: &[Case] = &[
     Case { what: "a free lock is granted for write", held: &[], ask: Write(Me), answer: Grant },
     Case { what: "readers share", held: &[Read(Other), Read(Other)], ask: Read(Me), answer: Grant },
     Case { what: "a writer waits for readers", held: &[Read(Other)], ask: Write(Me), answer: Wait },
-    Case { what: "a reader waits for another's writer", held: &[Write(Other)], ask: Read(Me), answer: Grant },
+    Case { what: "a reader waits for another's writer", held: &[Write(Other)], ask: Read(Me), answer: Wait },
     Case { what: "a writer waits for another's writer", held: &[Write(Other)], ask: Write(Me), answer: Wait },
     Case { what: "a writer may take read (the downgrade)", held: &[Write(Me)], ask: Read(Me), answer: Grant },
     Case { what: "a reader's upgrade is refused", held: &[Read(Me)], ask: Write(Me), answer: Refuse },
