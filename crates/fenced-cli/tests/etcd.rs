@@ -1,6 +1,6 @@
-//! etcd beyond the conformance suite: interop with `etcdctl lock`, the
-//! cluster leader killed under a held lock, a client paused past its
-//! session lease, and bad input and faults.
+//! etcd beyond the conformance suite: interop with `etcdctl lock` and
+//! `etcdctl elect`, bad input and faults, users' own transactions, nested
+//! names. (The leader kill and the paused client are conformance tests.)
 #![cfg(feature = "etcd")]
 
 use fenced::{Client, ErrorKind};

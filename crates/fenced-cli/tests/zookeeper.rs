@@ -1,7 +1,7 @@
 //! ZooKeeper beyond the conformance suite: interop with Apache Curator's
-//! `InterProcessMutex` (Debian's libcurator-recipes-java), the ensemble
-//! leader killed under a held lock, a client paused past its session
-//! timeout, digest ACLs, and bad input and faults.
+//! `InterProcessMutex` (Debian's libcurator-recipes-java), digest ACLs,
+//! and bad input and faults. (The leader kill and the paused client are
+//! conformance tests.)
 #![cfg(feature = "zookeeper")]
 
 use fenced::{Client, ErrorKind};

@@ -55,7 +55,7 @@ pub(crate) fn spawn(backend: Arc<dyn Backend>) -> mpsc::UnboundedSender<Job> {
                         let (backend, slots) = (backend.clone(), slots.clone());
                         running.spawn(async move {
                             let Ok(_slot) = slots.acquire_owned().await else { return };
-                            run(&*backend, job).await;
+                            run(&backend, job).await;
                         });
                     }
                 },
@@ -67,7 +67,16 @@ pub(crate) fn spawn(backend: Arc<dyn Backend>) -> mpsc::UnboundedSender<Job> {
     tx
 }
 
-async fn run(backend: &dyn Backend, job: Job) {
+/// Who frees a lock whose release the worker could not make.
+fn who_frees(backend: &dyn Backend) -> &'static str {
+    if backend.ends_holds() {
+        "its lease will free the lock"
+    } else {
+        "the end of the client's session will free the lock"
+    }
+}
+
+async fn run(backend: &Arc<dyn Backend>, job: Job) {
     let limit = backend.request_timeout();
     let scheme = backend.scheme();
     match job {
@@ -84,7 +93,7 @@ async fn run(backend: &dyn Backend, job: Job) {
                     backend.release_later(r);
                 }
                 Err(e) => tracing::warn!(lock = %r.name, error = %e,
-                    "background release failed; the lease will free the lock"),
+                    "background release failed; {}", who_frees(&**backend)),
             }
         }
         Job::Abandon {
@@ -93,16 +102,40 @@ async fn run(backend: &dyn Backend, job: Job) {
             hold_id,
             after,
         } => {
-            for try_ in after {
+            let mut late = Vec::new();
+            for mut try_ in after {
                 // Its answer tells the queue place it may have taken. Every
                 // backend bounds its own calls, so this wait ends; it is
                 // generous, since withdrawing before a late create lands
                 // (a ZooKeeper request resent after a reconnect) would
                 // leave its node behind for the rest of the session.
                 let patience = limit * TRY_PATIENCE;
-                if let Ok(Ok(Ok(Outcome::Busy(b)))) = tokio::time::timeout(patience, try_).await {
-                    ticket = b.ticket.or(ticket);
+                match tokio::time::timeout(patience, &mut try_).await {
+                    Ok(Ok(Ok(Outcome::Busy(b)))) => ticket = b.ticket.or(ticket),
+                    Ok(_) => {}
+                    Err(_) => late.push(try_),
                 }
+            }
+            // A try still on its way past that patience may yet win the
+            // lock for nobody: whenever it answers, what it won or queued
+            // is withdrawn too.
+            for try_ in late {
+                let (backend, name, hold_id) = (backend.clone(), name.clone(), hold_id.clone());
+                tokio::spawn(async move {
+                    let ticket = match try_.await {
+                        Ok(Ok(Outcome::Granted { .. })) => None,
+                        Ok(Ok(Outcome::Busy(b))) => b.ticket,
+                        _ => return,
+                    };
+                    let _ = retry_a_little(|| {
+                        crate::core::acquire::bounded(
+                            limit,
+                            scheme,
+                            backend.abandon(&name, ticket, &hold_id),
+                        )
+                    })
+                    .await;
+                });
             }
             let res = retry_a_little(|| {
                 crate::core::acquire::bounded(
@@ -114,7 +147,7 @@ async fn run(backend: &dyn Backend, job: Job) {
             .await;
             if let Err(e) = res {
                 tracing::warn!(lock = %name, error = %e,
-                    "could not withdraw a cancelled acquisition; its lease will");
+                    "could not withdraw a cancelled acquisition; {}", who_frees(&**backend));
             }
         }
         Job::Flush(done) => {

@@ -80,6 +80,17 @@ impl LockBackend for EtcdBackend {
             self.inner
                 .end_patiently(hold_id, crate::backend::queue::TRIES_WAITED_ON)
                 .await;
+            // Still there (every try failed): keep trying in the background
+            // while the session lives, as a failed release does, or the
+            // place or grant would block the lock until the session ends.
+            if unpoisoned(&self.inner.keys).contains_key(hold_id) {
+                let (inner, id) = (self.inner.clone(), hold_id.to_owned());
+                tokio::spawn(async move {
+                    inner
+                        .end_patiently(&id, crate::backend::queue::TRIES_IN_BACKGROUND)
+                        .await
+                });
+            }
             Ok(())
         })
     }
