@@ -5,8 +5,9 @@
 
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::spi::Mode;
+use crate::spi::{BoxFuture, Mode};
 use std::future::Future;
+use std::sync::Arc;
 
 /// What a queued key waits for.
 #[derive(Debug, PartialEq, Eq)]
@@ -155,6 +156,33 @@ where
 pub(crate) const TRIES_WAITED_ON: u32 = 20;
 /// Tries for a release nobody waits on any more (about 10 minutes).
 pub(crate) const TRIES_IN_BACKGROUND: u32 = 600;
+
+/// A backend whose holds and queue places are keys or nodes of the
+/// client's session (etcd, ZooKeeper), ended by deleting them.
+pub(crate) trait SessionKeys: Send + Sync + 'static {
+    /// Deletes the key of `hold_id`, retrying transient errors up to
+    /// `tries` times while the session lasts.
+    fn end_patiently<'a>(&'a self, hold_id: &'a str, tries: u32) -> BoxFuture<'a, ()>;
+
+    /// Whether the key of `hold_id` is still tracked (not yet deleted).
+    fn tracks(&self, hold_id: &str) -> bool;
+}
+
+/// Goes on deleting the key of `hold_id` in the background while the
+/// session lives: a release or withdrawal whose tries all failed.
+pub(crate) fn end_in_background<K: SessionKeys>(keys: Arc<K>, hold_id: String) {
+    tokio::spawn(async move { keys.end_patiently(&hold_id, TRIES_IN_BACKGROUND).await });
+}
+
+/// Withdraws a cancelled acquisition's key (a place or a grant); if every
+/// try fails it goes on in the background, or the key would block the
+/// lock until the session ends.
+pub(crate) async fn withdraw<K: SessionKeys>(keys: &Arc<K>, hold_id: &str) {
+    keys.end_patiently(hold_id, TRIES_WAITED_ON).await;
+    if keys.tracks(hold_id) {
+        end_in_background(keys.clone(), hold_id.to_owned());
+    }
+}
 
 #[cfg(test)]
 mod tests {

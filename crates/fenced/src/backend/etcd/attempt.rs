@@ -266,3 +266,13 @@ impl EtcdShared {
         crate::backend::queue::retry_transient(|| self.end(hold_id), tries, same_session).await
     }
 }
+
+impl crate::backend::queue::SessionKeys for EtcdShared {
+    fn end_patiently<'a>(&'a self, hold_id: &'a str, tries: u32) -> BoxFuture<'a, ()> {
+        Box::pin(EtcdShared::end_patiently(self, hold_id, tries))
+    }
+
+    fn tracks(&self, hold_id: &str) -> bool {
+        unpoisoned(&self.keys).contains_key(hold_id)
+    }
+}

@@ -212,3 +212,13 @@ impl ZkShared {
         crate::backend::queue::retry_transient(|| self.end(hold_id), tries, || true).await
     }
 }
+
+impl crate::backend::queue::SessionKeys for ZkShared {
+    fn end_patiently<'a>(&'a self, hold_id: &'a str, tries: u32) -> BoxFuture<'a, ()> {
+        Box::pin(ZkShared::end_patiently(self, hold_id, tries))
+    }
+
+    fn tracks(&self, hold_id: &str) -> bool {
+        unpoisoned(&self.nodes).contains_key(hold_id)
+    }
+}

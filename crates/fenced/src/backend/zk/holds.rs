@@ -73,12 +73,7 @@ impl LockBackend for ZkBackend {
     }
 
     fn release_later(&self, hold: HoldRef) {
-        let inner = self.inner.clone();
-        tokio::spawn(async move {
-            inner
-                .end_patiently(&hold.hold_id, crate::backend::queue::TRIES_IN_BACKGROUND)
-                .await
-        });
+        crate::backend::queue::end_in_background(self.inner.clone(), hold.hold_id);
     }
 
     fn abandon<'a>(
@@ -88,20 +83,7 @@ impl LockBackend for ZkBackend {
         hold_id: &'a str,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.inner
-                .end_patiently(hold_id, crate::backend::queue::TRIES_WAITED_ON)
-                .await;
-            // Still there (every try failed): keep trying in the background
-            // while the session lives, as a failed release does, or the
-            // place or grant would block the lock until the session ends.
-            if unpoisoned(&self.inner.nodes).contains_key(hold_id) {
-                let (inner, id) = (self.inner.clone(), hold_id.to_owned());
-                tokio::spawn(async move {
-                    inner
-                        .end_patiently(&id, crate::backend::queue::TRIES_IN_BACKGROUND)
-                        .await
-                });
-            }
+            crate::backend::queue::withdraw(&self.inner, hold_id).await;
             Ok(())
         })
     }
