@@ -5,6 +5,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::guard::Guard;
 use crate::name::LockName;
 use crate::spi::codec::parse_i64;
+use crate::spi::{RegisterWrite, WriteRule};
 
 /// A value stored in the lock backend that accepts a write only with a
 /// fencing token at least as high as the highest it has seen.
@@ -83,11 +84,11 @@ impl FencedRegister {
     pub async fn write_with_token(&self, token: u64, value: impl AsRef<[u8]>) -> Result<()> {
         let inner = &self.client.inner;
         let accepted = inner
-            .write(
-                inner
-                    .backend
-                    .register_write(&self.name, Some(token), value.as_ref()),
-            )
+            .write(inner.backend.register_write(RegisterWrite {
+                name: &self.name,
+                value: value.as_ref(),
+                rule: WriteRule::Fence(token),
+            }))
             .await?;
         if accepted {
             Ok(())
@@ -107,11 +108,11 @@ impl FencedRegister {
     pub async fn write_unfenced(&self, value: impl AsRef<[u8]>) -> Result<()> {
         let inner = &self.client.inner;
         inner
-            .write(
-                inner
-                    .backend
-                    .register_write(&self.name, None, value.as_ref()),
-            )
+            .write(inner.backend.register_write(RegisterWrite {
+                name: &self.name,
+                value: value.as_ref(),
+                rule: WriteRule::Always,
+            }))
             .await
             .map(|_| ())
     }

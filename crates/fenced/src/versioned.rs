@@ -4,6 +4,7 @@
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
 use crate::name::LockName;
+use crate::spi::{RegisterWrite, WriteRule};
 use std::time::Duration;
 
 /// A value and the number of writes that made it.
@@ -86,11 +87,11 @@ impl VersionedValue {
     pub async fn compare_and_set(&self, version: u64, value: impl AsRef<[u8]>) -> Result<bool> {
         let inner = &self.client.inner;
         inner
-            .write(
-                inner
-                    .backend
-                    .register_swap(&self.name, version, value.as_ref()),
-            )
+            .write(inner.backend.register_write(RegisterWrite {
+                name: &self.name,
+                value: value.as_ref(),
+                rule: WriteRule::Version(version),
+            }))
             .await
     }
 

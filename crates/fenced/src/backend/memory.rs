@@ -11,13 +11,13 @@
 
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::spi::codec::parse_i64;
 use crate::spi::grant::{Held, grantable, next_token, permits_differ};
 use crate::spi::lease::QUEUE_TTL;
+use crate::spi::sync::unpoisoned;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
-    Outcome, RegisterValue, Renewal, Store, Ticket,
+    Attempt, Backend, Blocked, Decrement, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
+    Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Ticket, Withdrawal,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
@@ -86,7 +86,7 @@ impl Space {
     /// Wakes the waiters of `name` in every client of this namespace,
     /// forgetting clients that are gone.
     fn wake(&self, name: &str) {
-        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let mut clients = unpoisoned(&self.clients);
         clients.retain(|w| match w.upgrade() {
             Some(w) => {
                 w.wake(name);
@@ -119,9 +119,9 @@ impl MemoryBackend {
                 "memory namespace {namespace:?} must be at most 256 bytes with no control characters"
             )));
         }
-        let mut spaces = SPACES.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spaces = unpoisoned(&SPACES);
         let store = spaces.entry(namespace.to_owned()).or_default().clone();
-        let mut clients = store.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let mut clients = unpoisoned(&store.clients);
         // Clients that are gone are forgotten here too, so a namespace
         // where clients come and go without a release does not grow.
         clients.retain(|w| w.strong_count() > 0);
@@ -134,22 +134,15 @@ impl MemoryBackend {
     }
 
     fn locks(&self) -> MutexGuard<'_, Locks> {
-        self.store.locks.lock().unwrap_or_else(|e| e.into_inner())
+        unpoisoned(&self.store.locks)
     }
 
     fn registers(&self) -> MutexGuard<'_, HashMap<LockName, (Vec<u8>, u64)>> {
-        self.store
-            .registers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        unpoisoned(&self.store.registers)
     }
 
     fn ticket(&self) -> Ticket {
-        let mut t = self
-            .store
-            .next_ticket
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut t = unpoisoned(&self.store.next_ticket);
         *t += 1;
         *t
     }
@@ -244,11 +237,11 @@ impl LockBackend for MemoryBackend {
         "memory"
     }
 
-    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         Box::pin(async move { Ok(self.try_grant(req)) })
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> Reply<'a, Vec<Renewal>> {
         Box::pin(async move {
             let now = Instant::now();
             let mut locks = self.locks();
@@ -271,31 +264,27 @@ impl LockBackend for MemoryBackend {
         format!("memory://{}", self.namespace)
     }
 
-    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool> {
         Box::pin(async move { Ok(self.remove_hold(&hold.name, &hold.hold_id)) })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        name: &'a LockName,
-        ticket: Option<Ticket>,
-        hold_id: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
+    fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
         Box::pin(async move {
-            if let Some(t) = ticket {
+            let name = &gone.name;
+            if let Some(t) = gone.ticket {
                 let mut locks = self.locks();
                 if let Some(res) = locks.names.get_mut(name) {
                     res.queue.retain(|(q, _)| *q != t);
                 }
                 locks.tidy(name);
             }
-            self.remove_hold(name, hold_id);
+            self.remove_hold(name, &gone.hold_id);
             self.store.wake(name.as_str());
             Ok(())
         })
     }
 
-    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+    fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let now = Instant::now();
             let mut locks = self.locks();
@@ -324,7 +313,7 @@ impl LockBackend for MemoryBackend {
         })
     }
 
-    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+    fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let mut locks = self.locks();
             let n = locks
@@ -341,69 +330,33 @@ impl LockBackend for MemoryBackend {
 }
 
 impl Store for MemoryBackend {
-    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         Box::pin(async move { Ok(self.registers().get(name).cloned()) })
     }
 
-    fn register_write<'a>(
-        &'a self,
-        name: &'a LockName,
-        fence: Option<u64>,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
+    fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {
         Box::pin(async move {
             let mut regs = self.registers();
-            let entry = regs.entry(name.clone()).or_insert((Vec::new(), 0));
-            match fence {
-                Some(f) if f < entry.1 => Ok(false),
-                Some(f) => {
-                    *entry = (value.to_vec(), f);
-                    Ok(true)
-                }
-                None => {
-                    entry.0 = value.to_vec();
-                    Ok(true)
-                }
-            }
-        })
-    }
-
-    fn register_swap<'a>(
-        &'a self,
-        name: &'a LockName,
-        expected: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
-            let mut regs = self.registers();
-            let entry = regs.entry(name.clone()).or_insert((Vec::new(), 0));
-            if entry.1 != expected {
+            let old = regs.get(write.name).map(|(v, f)| (v.as_slice(), *f));
+            let Some(new) = write.over(old)? else {
                 return Ok(false);
-            }
-            *entry = (
-                value.to_vec(),
-                crate::spi::codec::next_version(name, expected)?,
-            );
+            };
+            regs.insert(write.name.clone(), new);
             Ok(true)
         })
     }
 
-    fn register_decrement<'a>(
-        &'a self,
-        name: &'a LockName,
-        by: i64,
-    ) -> BoxFuture<'a, Result<Option<i64>>> {
+    fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         Box::pin(async move {
             let mut regs = self.registers();
             let Some(entry) = regs.get_mut(name) else {
                 return Ok(None);
             };
-            let v = parse_i64(name, &entry.0)?;
-            if v < by {
-                return Ok(None);
+            let mut change = Decrement::new(name, by);
+            if let Some(after) = change.over(Some((entry.0.as_slice(), entry.1)))? {
+                *entry = after;
             }
-            entry.0 = (v - by).to_string().into_bytes();
-            Ok(Some(v - by))
+            Ok(change.result(true))
         })
     }
 }

@@ -8,7 +8,7 @@ use crate::core::retry::RetryPolicy;
 use crate::core::worker::Job;
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::spi::{Attempt, Backend, BoxFuture, Mode, Outcome};
+use crate::spi::{Attempt, Backend, Mode, Outcome, Reply};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,9 +58,7 @@ impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
         if let Some(a) = self.attempt.take() {
             self.inner.send(Job::Abandon {
-                name: a.name,
-                ticket: a.ticket,
-                hold_id: a.hold_id,
+                gone: a.withdrawal(),
                 after: std::mem::take(&mut self.in_flight),
             });
         }
@@ -370,8 +368,11 @@ async fn run_inner(
                     if let Some(a) = cleanup.attempt.as_ref()
                         && !patience.is_zero()
                     {
-                        let withdraw = backend.abandon(&a.name, a.ticket, &a.hold_id);
-                        if bounded(patience, backend.scheme(), withdraw).await.is_ok() {
+                        let gone = a.withdrawal();
+                        if bounded(patience, backend.scheme(), backend.abandon(&gone))
+                            .await
+                            .is_ok()
+                        {
                             cleanup.disarm();
                         }
                     }
@@ -402,7 +403,7 @@ pub(crate) fn bounded<'a, T: Send + 'a>(
     limit: Duration,
     scheme: &'static str,
     f: impl Future<Output = Result<T>> + Send + 'a,
-) -> BoxFuture<'a, Result<T>> {
+) -> Reply<'a, T> {
     Box::pin(async move {
         match tokio::time::timeout(limit, f).await {
             Ok(r) => r,
@@ -443,7 +444,7 @@ async fn pause_before_retry(
 pub(crate) async fn with_retry<'a, T>(
     policy: &RetryPolicy,
     deadline: Option<Instant>,
-    mut f: impl FnMut() -> BoxFuture<'a, Result<T>>,
+    mut f: impl FnMut() -> Reply<'a, T>,
 ) -> Result<T> {
     let started = Instant::now();
     let mut retry = 0;

@@ -51,7 +51,7 @@ impl Engine {
     /// died in the pool, a failover) within that time.
     pub(crate) async fn read<'a, T: Send + 'a>(
         &'a self,
-        mut f: impl FnMut(&'a dyn Backend) -> crate::spi::BoxFuture<'a, Result<T>>,
+        mut f: impl FnMut(&'a dyn Backend) -> crate::spi::Reply<'a, T>,
     ) -> Result<T> {
         let limit = self.backend.request_timeout();
         let scheme = self.backend.scheme();
@@ -67,7 +67,7 @@ impl Engine {
     /// timeout, tried once (a retry after a lost reply could apply it twice).
     pub(crate) async fn write<'a, T: Send + 'a>(
         &'a self,
-        f: crate::spi::BoxFuture<'a, Result<T>>,
+        f: crate::spi::Reply<'a, T>,
     ) -> Result<T> {
         let limit = self.backend.request_timeout();
         crate::core::acquire::bounded(limit, self.backend.scheme(), f).await

@@ -27,6 +27,7 @@
 use crate::core::worker::Job;
 use crate::name::LockName;
 use crate::spi::lease::{Bound, believed_until};
+use crate::spi::sync::unpoisoned;
 use crate::spi::{HoldRef, Mode};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -342,7 +343,7 @@ fn key(name: &LockName, owner_key: &str, mode: Mode) -> Key {
 
 impl HoldTable {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<Hold>>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+        unpoisoned(&self.map)
     }
 
     /// Nests into a live hold of the same (name, owner, mode), if any.
@@ -367,7 +368,7 @@ impl HoldTable {
     /// (and not kept) once the client has closed: the grant must not be
     /// handed out, since nothing would tell its guard that it went.
     pub(crate) fn track(&self, hold: &Arc<Hold>) -> bool {
-        let mut every = self.every.lock().unwrap_or_else(|e| e.into_inner());
+        let mut every = unpoisoned(&self.every);
         let (list, closed) = &mut *every;
         if *closed {
             return false;
@@ -383,7 +384,7 @@ impl HoldTable {
 
     /// Whether the client has closed.
     pub(crate) fn is_closed(&self) -> bool {
-        self.every.lock().unwrap_or_else(|e| e.into_inner()).1
+        unpoisoned(&self.every).1
     }
 
     /// Fires the lost signal of every hold still believed (the client
@@ -391,7 +392,7 @@ impl HoldTable {
     /// more.
     pub(crate) fn lose_all(&self, reason: LostReason) {
         let every = {
-            let mut every = self.every.lock().unwrap_or_else(|e| e.into_inner());
+            let mut every = unpoisoned(&self.every);
             every.1 = true;
             std::mem::take(&mut every.0)
         };

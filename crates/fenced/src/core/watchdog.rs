@@ -11,6 +11,7 @@
 //! by the next hold.
 
 use crate::core::hold::{Hold, LostReason};
+use crate::spi::sync::unpoisoned;
 use crate::spi::{Backend, Renewal};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -43,7 +44,7 @@ impl Watchdog {
     }
 
     fn sched(&self) -> std::sync::MutexGuard<'_, Sched> {
-        self.sched.lock().unwrap_or_else(|e| e.into_inner())
+        unpoisoned(&self.sched)
     }
 
     /// Starts renewing `hold` one interval from now.

@@ -6,8 +6,8 @@
 //! that does not answer never holds up the others.
 
 use crate::core::acquire::InFlight;
-use crate::name::LockName;
-use crate::spi::{Backend, HoldRef, Outcome, Ticket};
+use crate::error::Result;
+use crate::spi::{Backend, HoldRef, Outcome, Withdrawal};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -24,9 +24,7 @@ pub(crate) enum Job {
     /// Withdraw an attempt whose caller went away, once the tries it had
     /// on their way (`after`) are done: what they won or queued goes too.
     Abandon {
-        name: LockName,
-        ticket: Option<Ticket>,
-        hold_id: String,
+        gone: Withdrawal,
         after: Vec<InFlight>,
     },
     /// Answers once every job sent before it is done.
@@ -96,12 +94,7 @@ async fn run(backend: &Arc<dyn Backend>, job: Job) {
                     "background release failed; {}", who_frees(&**backend)),
             }
         }
-        Job::Abandon {
-            name,
-            mut ticket,
-            hold_id,
-            after,
-        } => {
+        Job::Abandon { mut gone, after } => {
             let mut late = Vec::new();
             for mut try_ in after {
                 // Its answer tells the queue place it may have taken. Every
@@ -111,7 +104,7 @@ async fn run(backend: &Arc<dyn Backend>, job: Job) {
                 // leave its node behind for the rest of the session.
                 let patience = limit * TRY_PATIENCE;
                 match tokio::time::timeout(patience, &mut try_).await {
-                    Ok(Ok(Ok(Outcome::Busy(b)))) => ticket = b.ticket.or(ticket),
+                    Ok(Ok(Ok(Outcome::Busy(b)))) => gone.ticket = b.ticket.or(gone.ticket),
                     Ok(_) => {}
                     Err(_) => late.push(try_),
                 }
@@ -120,33 +113,18 @@ async fn run(backend: &Arc<dyn Backend>, job: Job) {
             // lock for nobody: whenever it answers, what it won or queued
             // is withdrawn too.
             for try_ in late {
-                let (backend, name, hold_id) = (backend.clone(), name.clone(), hold_id.clone());
+                let (backend, mut gone) = (backend.clone(), gone.clone());
                 tokio::spawn(async move {
-                    let ticket = match try_.await {
+                    gone.ticket = match try_.await {
                         Ok(Ok(Outcome::Granted { .. })) => None,
                         Ok(Ok(Outcome::Busy(b))) => b.ticket,
                         _ => return,
                     };
-                    let _ = retry_a_little(|| {
-                        crate::core::acquire::bounded(
-                            limit,
-                            scheme,
-                            backend.abandon(&name, ticket, &hold_id),
-                        )
-                    })
-                    .await;
+                    let _ = withdraw(&*backend, limit, &gone).await;
                 });
             }
-            let res = retry_a_little(|| {
-                crate::core::acquire::bounded(
-                    limit,
-                    scheme,
-                    backend.abandon(&name, ticket, &hold_id),
-                )
-            })
-            .await;
-            if let Err(e) = res {
-                tracing::warn!(lock = %name, error = %e,
+            if let Err(e) = withdraw(&**backend, limit, &gone).await {
+                tracing::warn!(lock = %gone.name, error = %e,
                     "could not withdraw a cancelled acquisition; {}", who_frees(&**backend));
             }
         }
@@ -156,11 +134,17 @@ async fn run(backend: &Arc<dyn Backend>, job: Job) {
     }
 }
 
+/// Withdraws `gone`, with a few quick retries.
+async fn withdraw(backend: &dyn Backend, limit: Duration, gone: &Withdrawal) -> Result<()> {
+    let scheme = backend.scheme();
+    retry_a_little(|| crate::core::acquire::bounded(limit, scheme, backend.abandon(gone))).await
+}
+
 /// A few quick retries for background clean-up: it must not hang on a dead
 /// backend, since the lease frees the lock anyway.
-async fn retry_a_little<'a, T, F>(mut f: F) -> crate::error::Result<T>
+async fn retry_a_little<'a, T, F>(mut f: F) -> Result<T>
 where
-    F: FnMut() -> crate::spi::BoxFuture<'a, crate::error::Result<T>>,
+    F: FnMut() -> crate::spi::Reply<'a, T>,
 {
     let mut delay = Duration::from_millis(20);
     for _ in 0..4 {

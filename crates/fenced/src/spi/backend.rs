@@ -41,9 +41,8 @@
 
 use super::types::{
     Attempt, BoxFuture, HoldRef, LeaderValue, LockStatus, Outcome, Ownership, RegisterValue,
-    Renewal, Ticket,
+    RegisterWrite, Renewal, Reply, Withdrawal,
 };
-use crate::error::Result;
 use crate::name::LockName;
 use std::time::Duration;
 
@@ -65,7 +64,7 @@ pub(crate) trait LockBackend: Send + Sync + 'static {
 
     /// One atomic try. On `Busy` with `will_wait`, the backend must already
     /// have arranged to wake this name when it changes.
-    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>>;
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome>;
 
     /// Whether the server ends a hold when its lease runs out (a Redis
     /// key's TTL, a lease table's expiry). `false` where a hold lives as
@@ -78,7 +77,7 @@ pub(crate) trait LockBackend: Send + Sync + 'static {
     }
 
     /// Extends each hold's lease; one [`Renewal`] per hold, in order.
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>>;
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> Reply<'a, Vec<Renewal>>;
 
     /// How long one request may take (the URL's `timeout=`, else
     /// [`DEFAULT_TIMEOUT`]).
@@ -96,7 +95,7 @@ pub(crate) trait LockBackend: Send + Sync + 'static {
 
     /// Drops a hold; `true` when it was still there. Idempotent. One try:
     /// the caller retries transient errors.
-    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>>;
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool>;
 
     /// Called once every retry of a release has failed on a transient
     /// error and nobody waits on it any more. Where a lease frees the lock
@@ -109,19 +108,14 @@ pub(crate) trait LockBackend: Send + Sync + 'static {
 
     /// Forgets a queue place (and a hold granted to an attempt whose caller
     /// went away, if any). Idempotent.
-    fn abandon<'a>(
-        &'a self,
-        name: &'a LockName,
-        ticket: Option<Ticket>,
-        hold_id: &'a str,
-    ) -> BoxFuture<'a, Result<()>>;
+    fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()>;
 
     /// What the backend knows of `name`.
-    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>>;
+    fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus>;
 
     /// Drops every hold of `name` whoever holds it (an operator's "break
     /// lock"); returns how many holds were dropped.
-    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>>;
+    fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize>;
 
     /// The backend's own record of a hold, for guarding writes in the
     /// user's own transactions (see [`Guard::ownership`](crate::Guard::ownership)).
@@ -139,35 +133,14 @@ pub(crate) trait LockBackend: Send + Sync + 'static {
 /// a versioned value and a counter.
 pub(crate) trait Store: Send + Sync + 'static {
     /// The fenced register: its value and the highest fence it has seen.
-    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>>;
+    fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue>;
 
-    /// Writes the register if `fence` is at least the highest it has seen
-    /// (or unconditionally when `fence` is `None`); `false` when refused.
-    fn register_write<'a>(
-        &'a self,
-        name: &'a LockName,
-        fence: Option<u64>,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>>;
-
-    /// Writes the register and sets its fence to `expected + 1` only if its
-    /// fence is exactly `expected` (0 when it was never written): a
-    /// versioned compare-and-set, the fence counting writes. `false` when
-    /// the fence had moved on.
-    fn register_swap<'a>(
-        &'a self,
-        name: &'a LockName,
-        expected: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>>;
+    /// Writes the register if its rule allows; `false` when refused.
+    fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool>;
 
     /// Atomically subtracts `by` from the register's integer value if the
     /// result stays ≥ 0; the new value, or `None` if it would go negative.
-    fn register_decrement<'a>(
-        &'a self,
-        name: &'a LockName,
-        by: i64,
-    ) -> BoxFuture<'a, Result<Option<i64>>>;
+    fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>>;
 }
 
 /// An engine's own election layout (etcd's `concurrency.Election`): the
@@ -177,15 +150,10 @@ pub(crate) trait Store: Send + Sync + 'static {
 pub(crate) trait ElectionLayout: Send + Sync {
     /// Publishes the value of the leader whose hold is `hold` with `token`,
     /// if that hold still leads; `false` if it does not.
-    fn proclaim<'a>(
-        &'a self,
-        hold: &'a HoldRef,
-        token: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>>;
+    fn proclaim<'a>(&'a self, hold: &'a HoldRef, token: u64, value: &'a [u8]) -> Reply<'a, bool>;
 
     /// The leader's value and token, `None` when nobody leads.
-    fn leader<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LeaderValue>>;
+    fn leader<'a>(&'a self, name: &'a LockName) -> Reply<'a, LeaderValue>;
 }
 
 /// What a client keeps: a lock backend that is also a store, with an

@@ -1,6 +1,7 @@
 //! Lease arithmetic: until when a grant, a renewal or a session is
 //! believed, how long a queue place lives, and how long leases may be.
 
+use crate::spi::sync::unpoisoned;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -64,7 +65,7 @@ impl<K: Copy + PartialEq> SessionClock<K> {
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, Live<K>> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner())
+        unpoisoned(&self.live)
     }
 
     /// The bound of session `id`: the live one's, or one already run out

@@ -1,6 +1,7 @@
 //! What a backend and the core say to each other: one attempt, its
 //! outcome, a renewal's answer, a hold's reference, and what status shows.
 
+use crate::error::Result;
 use crate::name::LockName;
 use std::future::Future;
 use std::pin::Pin;
@@ -8,6 +9,9 @@ use std::time::Duration;
 
 /// The future every backend method returns.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a backend call answers: a boxed future of a result.
+pub(crate) type Reply<'a, T> = BoxFuture<'a, Result<T>>;
 
 /// An election's leader: its value and token, `None` when nobody leads.
 pub(crate) type LeaderValue = Option<(Vec<u8>, u64)>;
@@ -75,6 +79,100 @@ impl Mode {
 /// A place in a fair queue, kept across attempts.
 pub(crate) type Ticket = i64;
 
+/// A queue place to forget, and the hold that an attempt whose caller went
+/// away may have been granted.
+#[derive(Clone, Debug)]
+pub(crate) struct Withdrawal {
+    pub(crate) name: LockName,
+    pub(crate) ticket: Option<Ticket>,
+    pub(crate) hold_id: String,
+}
+
+/// When a register write is applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WriteRule {
+    /// Always; the fence stays as it was.
+    Always,
+    /// If this fence is at least the highest the register has seen; the
+    /// register's fence becomes it.
+    Fence(u64),
+    /// If the register's fence is exactly this version (0 when it was
+    /// never written); the fence becomes the next version: a versioned
+    /// compare-and-set, the fence counting writes.
+    Version(u64),
+}
+
+impl WriteRule {
+    /// The register's fence after the write, given the fence it has now
+    /// (`seen`, 0 when never written), or `None` when the rule refuses the
+    /// write: the one decision that every backend reading before it writes
+    /// makes the same way.
+    pub(crate) fn fence_after(self, name: &LockName, seen: u64) -> Result<Option<u64>> {
+        Ok(match self {
+            WriteRule::Always => Some(seen),
+            WriteRule::Fence(f) => (f >= seen).then_some(f),
+            WriteRule::Version(v) if v == seen => Some(crate::spi::codec::next_version(name, v)?),
+            WriteRule::Version(_) => None,
+        })
+    }
+}
+
+/// One conditional write of a fenced register.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RegisterWrite<'a> {
+    pub(crate) name: &'a LockName,
+    pub(crate) value: &'a [u8],
+    pub(crate) rule: WriteRule,
+}
+
+impl RegisterWrite<'_> {
+    /// For a backend that writes by compare-and-set: the value and fence
+    /// to put over `old` (the value and fence read), or `None` when the
+    /// rule refuses the write.
+    pub(crate) fn over(&self, old: Option<(&[u8], u64)>) -> Result<Option<(Vec<u8>, u64)>> {
+        let seen = old.map_or(0, |(_, f)| f);
+        let fence = self.rule.fence_after(self.name, seen)?;
+        Ok(fence.map(|f| (self.value.to_vec(), f)))
+    }
+}
+
+/// A decrement of a register's integer value, for a backend that writes
+/// by compare-and-set: what to put over the value read, and what the
+/// value came to.
+pub(crate) struct Decrement<'a> {
+    name: &'a LockName,
+    by: i64,
+    after: Option<i64>,
+}
+
+impl<'a> Decrement<'a> {
+    pub(crate) fn new(name: &'a LockName, by: i64) -> Self {
+        Decrement {
+            name,
+            by,
+            after: None,
+        }
+    }
+
+    /// The value and fence (kept) to put over `old`, or `None` when the
+    /// register was never written or would go negative.
+    pub(crate) fn over(&mut self, old: Option<(&[u8], u64)>) -> Result<Option<(Vec<u8>, u64)>> {
+        self.after = None;
+        let Some((v, f)) = old else { return Ok(None) };
+        let n = crate::spi::codec::parse_i64(self.name, v)?;
+        if n < self.by {
+            return Ok(None);
+        }
+        self.after = Some(n - self.by);
+        Ok(Some(((n - self.by).to_string().into_bytes(), f)))
+    }
+
+    /// The new value, if the write was made.
+    pub(crate) fn result(&self, written: bool) -> Option<i64> {
+        self.after.filter(|_| written)
+    }
+}
+
 /// One try at a grant.
 #[derive(Clone, Debug)]
 pub(crate) struct Attempt {
@@ -94,6 +192,17 @@ pub(crate) struct Attempt {
     pub(crate) will_wait: bool,
     /// The queue place from an earlier busy attempt.
     pub(crate) ticket: Option<Ticket>,
+}
+
+impl Attempt {
+    /// What withdrawing this attempt forgets.
+    pub(crate) fn withdrawal(&self) -> Withdrawal {
+        Withdrawal {
+            name: self.name.clone(),
+            ticket: self.ticket,
+            hold_id: self.hold_id.clone(),
+        }
+    }
 }
 
 /// The answer to an attempt.

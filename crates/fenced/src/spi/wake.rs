@@ -13,6 +13,7 @@
 //! it learns its ticket only if that ticket was among them.
 
 use crate::spi::Ticket;
+use crate::spi::sync::unpoisoned;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -51,14 +52,14 @@ impl Slot {
     }
 
     fn heard(&self) -> std::sync::MutexGuard<'_, Heard> {
-        self.heard.lock().unwrap_or_else(|e| e.into_inner())
+        unpoisoned(&self.heard)
     }
 }
 
 impl Wakeups {
     /// Tells the waiters of `name` to look again. Cheap when nobody waits.
     pub(crate) fn wake(&self, name: &str) {
-        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let names = unpoisoned(&self.names);
         for slot in names.get(name).into_iter().flatten() {
             slot.wake();
         }
@@ -72,7 +73,7 @@ impl Wakeups {
     /// only the head.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn wake_ticket(&self, name: &str, ticket: Ticket) {
-        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let names = unpoisoned(&self.names);
         for slot in names.get(name).into_iter().flatten() {
             let mut heard = slot.heard();
             let t = slot.ticket.load(Ordering::Acquire);
@@ -95,7 +96,7 @@ impl Wakeups {
             ticket: AtomicI64::new(0),
             heard: Mutex::default(),
         });
-        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names = unpoisoned(&self.names);
         names.entry(name.into()).or_default().push(slot.clone());
         Interest {
             rx: slot.tx.subscribe(),
@@ -108,7 +109,7 @@ impl Wakeups {
     /// Tells every waiter to look again (after a lost notification channel).
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn wake_all(&self) {
-        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let names = unpoisoned(&self.names);
         for slot in names.values().flatten() {
             slot.wake();
         }
@@ -117,7 +118,7 @@ impl Wakeups {
     /// Whether anyone waits on `name` now.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn has_interest(&self, name: &str) -> bool {
-        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let names = unpoisoned(&self.names);
         names.contains_key(name)
     }
 
@@ -172,7 +173,7 @@ impl Interest {
 
 impl Drop for Interest {
     fn drop(&mut self) {
-        let mut names = self.owner.names.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names = unpoisoned(&self.owner.names);
         if let Some(slots) = names.get_mut(&self.name) {
             slots.retain(|s| !Arc::ptr_eq(s, &self.slot));
             if slots.is_empty() {

@@ -13,11 +13,11 @@ impl LockBackend for EtcdBackend {
         "etcd"
     }
 
-    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         Box::pin(self.inner.attempt(req))
     }
 
-    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> Reply<'a, Vec<Renewal>> {
         Box::pin(async move {
             let live = self.inner.session.lease.load(Ordering::Acquire);
             let checks = refs.iter().map(|r| async move {
@@ -57,7 +57,7 @@ impl LockBackend for EtcdBackend {
         self.inner.identity.clone()
     }
 
-    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool> {
         Box::pin(self.inner.end(&hold.hold_id))
     }
 
@@ -65,19 +65,14 @@ impl LockBackend for EtcdBackend {
         crate::backend::queue::end_in_background(self.inner.clone(), hold.hold_id);
     }
 
-    fn abandon<'a>(
-        &'a self,
-        _name: &'a LockName,
-        _ticket: Option<Ticket>,
-        hold_id: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
+    fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
         Box::pin(async move {
-            crate::backend::queue::withdraw(&self.inner, hold_id).await;
+            crate::backend::queue::withdraw(&self.inner, &gone.hold_id).await;
             Ok(())
         })
     }
 
-    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+    fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let inner = &self.inner;
             let prefix = prefix_of(name)?;
@@ -126,7 +121,7 @@ impl LockBackend for EtcdBackend {
         })
     }
 
-    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+    fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let inner = &self.inner;
             let prefix = prefix_of(name)?;

@@ -52,8 +52,9 @@ use crate::spi::lease::{SessionClock, believed_until};
 use crate::spi::sync::unpoisoned;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
-    Attempt, Backend, Blocked, BoxFuture, ElectionLayout, HoldRef, HolderInfo, LockBackend,
-    LockStatus, Mode, Outcome, RegisterValue, Renewal, Store, Ticket,
+    Attempt, Backend, Blocked, BoxFuture, Decrement, ElectionLayout, HoldRef, HolderInfo,
+    LockBackend, LockStatus, Mode, Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store,
+    Withdrawal,
 };
 use etcd_client::{
     Client as Etcd, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue,

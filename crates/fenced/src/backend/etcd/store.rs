@@ -3,76 +3,31 @@
 use super::*;
 
 impl Store for EtcdBackend {
-    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         Box::pin(async move { Ok(self.inner.register_get(name).await?.map(|(v, f, _)| (v, f))) })
     }
 
-    fn register_write<'a>(
-        &'a self,
-        name: &'a LockName,
-        fence: Option<u64>,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.inner.register_change(name, move |old| {
-            let seen = old.map_or(0, |(_, f)| f);
-            match fence {
-                Some(f) if f < seen => Ok(None),
-                Some(f) => Ok(Some((value.to_vec(), f))),
-                None => Ok(Some((value.to_vec(), seen))),
-            }
-        }))
+    fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {
+        Box::pin(
+            self.inner
+                .register_change(write.name, move |old| write.over(old)),
+        )
     }
 
-    fn register_swap<'a>(
-        &'a self,
-        name: &'a LockName,
-        expected: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.inner.register_change(name, move |old| {
-            let seen = old.map_or(0, |(_, f)| f);
-            if seen != expected {
-                return Ok(None);
-            }
-            Ok(Some((
-                value.to_vec(),
-                crate::spi::codec::next_version(name, expected)?,
-            )))
-        }))
-    }
-
-    fn register_decrement<'a>(
-        &'a self,
-        name: &'a LockName,
-        by: i64,
-    ) -> BoxFuture<'a, Result<Option<i64>>> {
+    fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         Box::pin(async move {
-            let mut after = None;
-            let changed = self
+            let mut change = Decrement::new(name, by);
+            let written = self
                 .inner
-                .register_change(name, |old| {
-                    let Some((v, f)) = old else { return Ok(None) };
-                    let n = crate::spi::codec::parse_i64(name, v)?;
-                    if n < by {
-                        after = None;
-                        return Ok(None);
-                    }
-                    after = Some(n - by);
-                    Ok(Some(((n - by).to_string().into_bytes(), f)))
-                })
+                .register_change(name, |old| change.over(old))
                 .await?;
-            Ok(if changed { after } else { None })
+            Ok(change.result(written))
         })
     }
 }
 
 impl ElectionLayout for EtcdBackend {
-    fn proclaim<'a>(
-        &'a self,
-        hold: &'a HoldRef,
-        token: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
+    fn proclaim<'a>(&'a self, hold: &'a HoldRef, token: u64, value: &'a [u8]) -> Reply<'a, bool> {
         Box::pin(async move {
             let inner = &self.inner;
             let Some(own) = unpoisoned(&inner.keys).get(&hold.hold_id).cloned() else {
@@ -97,7 +52,7 @@ impl ElectionLayout for EtcdBackend {
         })
     }
 
-    fn leader<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<crate::spi::LeaderValue>> {
+    fn leader<'a>(&'a self, name: &'a LockName) -> Reply<'a, crate::spi::LeaderValue> {
         Box::pin(async move {
             let inner = &self.inner;
             let mut etcd = inner.etcd.clone();

@@ -219,14 +219,9 @@ impl RedisBackend {
         Ok(out)
     }
 
-    pub(super) async fn abandon_inner(
-        &self,
-        name: &LockName,
-        ticket: Option<Ticket>,
-        hold_id: &str,
-    ) -> Result<()> {
-        let k = Keys::of(name)?;
-        let ticket = ticket.map(|t| t.to_string()).unwrap_or_default();
+    pub(super) async fn abandon_inner(&self, gone: &Withdrawal) -> Result<()> {
+        let (k, hold_id) = (Keys::of(&gone.name)?, &gone.hold_id);
+        let ticket = gone.ticket.map(|t| t.to_string()).unwrap_or_default();
         self.node
             .run(|mut c| async move {
                 let mut inv = self.scripts.abandon.prepare_invoke();

@@ -2,6 +2,7 @@
 //! master, or a Cluster), re-established after a drop or a failover.
 
 use crate::error::{Error, Result};
+use crate::spi::sync::unpoisoned;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, Value};
@@ -148,9 +149,7 @@ impl Node {
     /// The cached connection of `lane`, unless a master switch was
     /// announced since it was made.
     fn current(&self, lane: Lane) -> Option<(u64, Conn)> {
-        let cached = self.cached[lane as usize]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let cached = unpoisoned(&self.cached[lane as usize]);
         match &*cached {
             Some((generation, conn, seen)) if *seen == self.switches_seen() => {
                 Some((*generation, conn.clone()))
@@ -172,9 +171,7 @@ impl Node {
         let seen = self.switches_seen();
         let conn = self.connect().await.map_err(|e| self.error(e))?;
         *generation += 1;
-        *self.cached[lane as usize]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some((*generation, conn.clone(), seen));
+        *unpoisoned(&self.cached[lane as usize]) = Some((*generation, conn.clone(), seen));
         Ok((*generation, conn))
     }
 
@@ -247,9 +244,7 @@ impl Node {
             Ok(v) => Ok(v),
             Err(e) => {
                 if reconnect_after(&e) {
-                    let mut cached = self.cached[lane as usize]
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
+                    let mut cached = unpoisoned(&self.cached[lane as usize]);
                     if cached.as_ref().is_some_and(|(g, ..)| *g == generation) {
                         *cached = None;
                     }

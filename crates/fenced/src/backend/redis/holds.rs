@@ -7,11 +7,11 @@ impl LockBackend for RedisBackend {
         self.scheme
     }
 
-    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         Box::pin(self.attempt_inner(req))
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> Reply<'a, Vec<Renewal>> {
         Box::pin(self.renew_inner(holds))
     }
 
@@ -23,24 +23,19 @@ impl LockBackend for RedisBackend {
         self.identity.clone()
     }
 
-    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool> {
         Box::pin(self.release_inner(hold))
     }
 
-    fn abandon<'a>(
-        &'a self,
-        name: &'a LockName,
-        ticket: Option<Ticket>,
-        hold_id: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.abandon_inner(name, ticket, hold_id))
+    fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
+        Box::pin(self.abandon_inner(gone))
     }
 
-    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+    fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(self.status_inner(name))
     }
 
-    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+    fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(self.force_inner(name))
     }
 }

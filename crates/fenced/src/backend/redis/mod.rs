@@ -40,8 +40,8 @@ use crate::spi::grant::permits_differ;
 use crate::spi::lease::QUEUE_TTL;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
-    Outcome, RegisterValue, Renewal, Store, Ticket,
+    Attempt, Backend, Blocked, HoldRef, HolderInfo, LockBackend, LockStatus, Mode, Outcome,
+    RegisterValue, RegisterWrite, Renewal, Reply, Store, Ticket, Withdrawal, WriteRule,
 };
 use conn::{Conn, Lane, Node, Target};
 use redis::Value;

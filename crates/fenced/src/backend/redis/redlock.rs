@@ -27,8 +27,8 @@ use crate::name::LockName;
 use crate::spi::endpoints::Endpoints;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
-    Outcome, RegisterValue, Renewal, Store, Ticket,
+    Attempt, Backend, Blocked, HoldRef, HolderInfo, LockBackend, LockStatus, Mode, Outcome,
+    RegisterValue, RegisterWrite, Renewal, Reply, Store, Withdrawal,
 };
 use futures_util::future::join_all;
 use std::sync::Arc;
@@ -229,11 +229,11 @@ impl LockBackend for RedLockBackend {
         false
     }
 
-    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         Box::pin(self.attempt_inner(req))
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> Reply<'a, Vec<Renewal>> {
         Box::pin(async move {
             let per_node = join_all(self.nodes.iter().map(|n| n.renew_inner(holds))).await;
             Ok((0..holds.len())
@@ -270,7 +270,7 @@ impl LockBackend for RedLockBackend {
         self.identity.clone()
     }
 
-    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool> {
         Box::pin(async move {
             let (mut had, mut unknown, mut last) = (0, 0, None);
             for r in join_all(self.nodes.iter().map(|n| n.release_inner(hold))).await {
@@ -291,20 +291,14 @@ impl LockBackend for RedLockBackend {
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        name: &'a LockName,
-        ticket: Option<Ticket>,
-        hold_id: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
+    fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
         Box::pin(async move {
-            self.on_all(|n| n.abandon_inner(name, ticket, hold_id))
-                .await?;
+            self.on_all(|n| n.abandon_inner(gone)).await?;
             Ok(())
         })
     }
 
-    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+    fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let all = self.on_all(|n| n.status_inner(name)).await?;
             // A holder counts where a majority names it; and when no
@@ -343,7 +337,7 @@ impl LockBackend for RedLockBackend {
         })
     }
 
-    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+    fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let n = self.on_all(|n| n.force_inner(name)).await?;
             Ok(n.into_iter().max().unwrap_or(0))
@@ -352,33 +346,15 @@ impl LockBackend for RedLockBackend {
 }
 
 impl Store for RedLockBackend {
-    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         Box::pin(self.nodes[0].register_read_inner(name))
     }
 
-    fn register_write<'a>(
-        &'a self,
-        name: &'a LockName,
-        fence: Option<u64>,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.nodes[0].register_write_inner(name, fence, value))
+    fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {
+        Box::pin(self.nodes[0].register_write_inner(write))
     }
 
-    fn register_swap<'a>(
-        &'a self,
-        name: &'a LockName,
-        expected: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.nodes[0].register_swap_inner(name, expected, value))
-    }
-
-    fn register_decrement<'a>(
-        &'a self,
-        name: &'a LockName,
-        by: i64,
-    ) -> BoxFuture<'a, Result<Option<i64>>> {
+    fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         Box::pin(self.nodes[0].register_decrement_inner(name, by))
     }
 }

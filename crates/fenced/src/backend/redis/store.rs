@@ -34,50 +34,26 @@ impl RedisBackend {
         Ok(v.map(|v| (v, f.unwrap_or(0))))
     }
 
-    pub(super) async fn register_write_inner(
-        &self,
-        name: &LockName,
-        fence: Option<u64>,
-        value: &[u8],
-    ) -> Result<bool> {
-        let k = Keys::of(name)?;
-        let fence = fence.map(|f| f.to_string()).unwrap_or_default();
+    pub(super) async fn register_write_inner(&self, write: RegisterWrite<'_>) -> Result<bool> {
+        let k = Keys::of(write.name)?;
+        let (script, number) = match write.rule {
+            WriteRule::Always => (&self.scripts.register_write, String::new()),
+            WriteRule::Fence(f) => (&self.scripts.register_write, f.to_string()),
+            WriteRule::Version(v) if v >= EXACT_IN_LUA => {
+                return Err(Error::invalid(format!(
+                    "version {v} of {:?} is beyond what Redis counts exactly (2^53)",
+                    write.name.as_str()
+                )));
+            }
+            WriteRule::Version(v) => (&self.scripts.register_swap, v.to_string()),
+        };
         let n: i64 = self
             .node
             .run(|mut c| async move {
-                self.scripts
-                    .register_write
+                script
                     .key(&k.register)
-                    .arg(fence)
-                    .arg(value)
-                    .invoke_async(&mut c)
-                    .await
-            })
-            .await?;
-        Ok(n == 1)
-    }
-
-    pub(super) async fn register_swap_inner(
-        &self,
-        name: &LockName,
-        expected: u64,
-        value: &[u8],
-    ) -> Result<bool> {
-        if expected >= EXACT_IN_LUA {
-            return Err(Error::invalid(format!(
-                "version {expected} of {:?} is beyond what Redis counts exactly (2^53)",
-                name.as_str()
-            )));
-        }
-        let k = Keys::of(name)?;
-        let n: i64 = self
-            .node
-            .run(|mut c| async move {
-                self.scripts
-                    .register_swap
-                    .key(&k.register)
-                    .arg(expected)
-                    .arg(value)
+                    .arg(number)
+                    .arg(write.value)
                     .invoke_async(&mut c)
                     .await
             })
@@ -120,33 +96,15 @@ impl RedisBackend {
     }
 }
 impl Store for RedisBackend {
-    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         Box::pin(self.register_read_inner(name))
     }
 
-    fn register_write<'a>(
-        &'a self,
-        name: &'a LockName,
-        fence: Option<u64>,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.register_write_inner(name, fence, value))
+    fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {
+        Box::pin(self.register_write_inner(write))
     }
 
-    fn register_swap<'a>(
-        &'a self,
-        name: &'a LockName,
-        expected: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.register_swap_inner(name, expected, value))
-    }
-
-    fn register_decrement<'a>(
-        &'a self,
-        name: &'a LockName,
-        by: i64,
-    ) -> BoxFuture<'a, Result<Option<i64>>> {
+    fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         Box::pin(self.register_decrement_inner(name, by))
     }
 }

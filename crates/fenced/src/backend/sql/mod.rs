@@ -19,6 +19,113 @@ use crate::spi::{Attempt, Outcome};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use std::time::Duration;
 
+/// A lease table's register statements, each binding the name first and
+/// the value second: see [`RegisterSql::for_rule`].
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) struct RegisterSql {
+    /// Upsert if the row's fence is at most the third argument, which
+    /// becomes its fence.
+    pub(crate) fenced: &'static str,
+    /// Upsert whatever the fence; a new row gets fence 0.
+    pub(crate) unfenced: &'static str,
+    /// Insert with fence 1 unless a row with a fence above 0 exists.
+    pub(crate) create: &'static str,
+    /// Update and step the fence if it equals the third argument.
+    pub(crate) swap: &'static str,
+}
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+impl RegisterSql {
+    /// The statement that carries out `rule` in one step, and the number
+    /// it binds third, if any.
+    pub(crate) fn for_rule(
+        &self,
+        name: &crate::name::LockName,
+        rule: crate::spi::WriteRule,
+    ) -> crate::error::Result<(&'static str, Option<i64>)> {
+        use crate::spi::WriteRule;
+        use crate::spi::codec::{fence_i64, next_version};
+        Ok(match rule {
+            WriteRule::Always => (self.unfenced, None),
+            WriteRule::Fence(f) => (self.fenced, Some(fence_i64(f)?)),
+            WriteRule::Version(v) => {
+                // The version after it must fit the column too.
+                fence_i64(next_version(name, v)?)?;
+                match fence_i64(v)? {
+                    0 => (self.create, None),
+                    v => (self.swap, Some(v)),
+                }
+            }
+        })
+    }
+}
+
+/// A server lease table's URL, with the options fenced reads taken out
+/// (`timeout=`, `pool=`, `mode=`) and the rest left for the driver.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct SqlUrl {
+    /// The URL with its password hidden, for messages.
+    pub(crate) label: String,
+    /// What the driver is given.
+    pub(crate) driver: url::Url,
+    pub(crate) pool_size: u32,
+    /// `mode=advisory`: session locks instead of the lease table.
+    pub(crate) advisory: bool,
+    pub(crate) timeout: Duration,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl SqlUrl {
+    /// Parses `url` of `engine` (for messages), whose advisory mode is
+    /// described as `advisory_is`.
+    pub(crate) fn parse(url: &str, engine: &str, advisory_is: &str) -> crate::error::Result<Self> {
+        use crate::error::Error;
+        let label = crate::spi::endpoints::redact(url);
+        let mut driver = url::Url::parse(url)
+            .map_err(|e| Error::invalid(format!("bad {engine} URL {label:?}: {e}")))?;
+        let (mut pool_size, mut advisory, mut timeout) = (8, false, crate::spi::DEFAULT_TIMEOUT);
+        let mut kept = Vec::new();
+        for (k, v) in driver.query_pairs() {
+            match k.as_ref() {
+                "timeout" => timeout = crate::spi::endpoints::parse_timeout(&v, &label)?,
+                "pool" => {
+                    pool_size = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=1000).contains(n))
+                        .ok_or_else(|| {
+                            Error::invalid(format!(
+                                "pool={v:?} in {label:?}: a number from 1 to 1000"
+                            ))
+                        })?;
+                }
+                "mode" => match v.as_ref() {
+                    "lease" => advisory = false,
+                    "advisory" => advisory = true,
+                    _ => {
+                        return Err(Error::invalid(format!(
+                            "mode={v:?} in {label:?}: use `lease` (the lease table, the \
+                             default) or `advisory` ({advisory_is})"
+                        )));
+                    }
+                },
+                _ => kept.push((k.into_owned(), v.into_owned())),
+            }
+        }
+        driver.set_query(None);
+        if !kept.is_empty() {
+            driver.query_pairs_mut().extend_pairs(&kept);
+        }
+        Ok(SqlUrl {
+            label,
+            driver,
+            pool_size,
+            advisory,
+            timeout,
+        })
+    }
+}
+
 /// Database sessions that hold no lock, kept for the next session-held
 /// lock instead of a new connection each time.
 #[cfg(any(feature = "postgres", feature = "mysql"))]

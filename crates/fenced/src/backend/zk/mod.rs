@@ -49,8 +49,8 @@ use crate::spi::lease::{SessionClock, believed_until};
 use crate::spi::sync::unpoisoned;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
-    Outcome, RegisterValue, Renewal, Store, Ticket,
+    Attempt, Backend, Blocked, BoxFuture, Decrement, HoldRef, HolderInfo, LockBackend, LockStatus,
+    Mode, Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Withdrawal,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -61,7 +61,7 @@ impl ZkShared {
 }
 
 impl Store for ZkBackend {
-    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         Box::pin(async move {
             Ok(self
                 .inner
@@ -71,61 +71,21 @@ impl Store for ZkBackend {
         })
     }
 
-    fn register_write<'a>(
-        &'a self,
-        name: &'a LockName,
-        fence: Option<u64>,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.inner.meta_cas(REGISTERS, name, move |old| {
-            let seen = old.map_or(0, |(_, f)| f);
-            match fence {
-                Some(f) if f < seen => Ok(None),
-                Some(f) => Ok(Some((value.to_vec(), f))),
-                None => Ok(Some((value.to_vec(), seen))),
-            }
-        }))
+    fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {
+        Box::pin(
+            self.inner
+                .meta_cas(REGISTERS, write.name, move |old| write.over(old)),
+        )
     }
 
-    fn register_swap<'a>(
-        &'a self,
-        name: &'a LockName,
-        expected: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.inner.meta_cas(REGISTERS, name, move |old| {
-            let seen = old.map_or(0, |(_, f)| f);
-            if seen != expected {
-                return Ok(None);
-            }
-            Ok(Some((
-                value.to_vec(),
-                crate::spi::codec::next_version(name, expected)?,
-            )))
-        }))
-    }
-
-    fn register_decrement<'a>(
-        &'a self,
-        name: &'a LockName,
-        by: i64,
-    ) -> BoxFuture<'a, Result<Option<i64>>> {
+    fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         Box::pin(async move {
-            let mut after = None;
-            let changed = self
+            let mut change = Decrement::new(name, by);
+            let written = self
                 .inner
-                .meta_cas(REGISTERS, name, |old| {
-                    after = None;
-                    let Some((v, f)) = old else { return Ok(None) };
-                    let n = crate::spi::codec::parse_i64(name, v)?;
-                    if n < by {
-                        return Ok(None);
-                    }
-                    after = Some(n - by);
-                    Ok(Some(((n - by).to_string().into_bytes(), f)))
-                })
+                .meta_cas(REGISTERS, name, |old| change.over(old))
                 .await?;
-            Ok(if changed { after } else { None })
+            Ok(change.result(written))
         })
     }
 }

@@ -7,11 +7,11 @@ impl LockBackend for MySqlBackend {
         "mysql"
     }
 
-    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         Box::pin(self.attempt_inner(req))
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> Reply<'a, Vec<Renewal>> {
         Box::pin(async move {
             let mut out = Vec::with_capacity(holds.len());
             // One statement per lease length (usually one), each over a
@@ -69,7 +69,7 @@ impl LockBackend for MySqlBackend {
         self.identity.clone()
     }
 
-    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool> {
         Box::pin(async move {
             // Read the whole reply: MariaDB sends a RETURNING row before the
             // statement has finished, and a deadlock after it rolls the
@@ -95,13 +95,9 @@ impl LockBackend for MySqlBackend {
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        name: &'a LockName,
-        ticket: Option<Ticket>,
-        hold_id: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
+    fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
         Box::pin(async move {
+            let (name, ticket, hold_id) = (&gone.name, gone.ticket, gone.hold_id.as_str());
             let mut changed = false;
             if let Some(t) = ticket {
                 let r = sqlx::query(ABANDON_TICKET)
@@ -124,7 +120,7 @@ impl LockBackend for MySqlBackend {
         })
     }
 
-    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+    fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let rows = sqlx::query(STATUS_HOLDS)
                 .bind(name.as_str())
@@ -158,7 +154,7 @@ impl LockBackend for MySqlBackend {
         })
     }
 
-    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+    fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let r = sqlx::query(FORCE)
                 .bind(name.as_str())

@@ -35,6 +35,7 @@
 //! `fenced_doorbell:<its connection id>` for as long as it lives, and a
 //! releaser wakes only ids whose lock is held by that very connection.
 
+use crate::backend::sql::SqlUrl;
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::grant::{Decision, LiveHold, decide, stands};
@@ -42,7 +43,7 @@ use crate::spi::lease::QUEUE_TTL;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
-    Outcome, RegisterValue, Renewal, Store, Ticket,
+    Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Withdrawal, WriteRule,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{Connection, MySqlConnection, Row};
@@ -95,50 +96,17 @@ impl MySqlBackend {
     }
 
     pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
-        let label = crate::spi::endpoints::redact(url);
-        let mut parsed = url::Url::parse(url)
-            .map_err(|e| Error::invalid(format!("bad MySQL URL {label:?}: {e}")))?;
-        if parsed.scheme() == "mariadb" {
-            let _ = parsed.set_scheme("mysql");
+        let SqlUrl {
+            label,
+            mut driver,
+            pool_size,
+            advisory,
+            timeout,
+        } = SqlUrl::parse(url, "MySQL", "GET_LOCK session locks")?;
+        if driver.scheme() == "mariadb" {
+            let _ = driver.set_scheme("mysql");
         }
-        let mut pool_size: u32 = 8;
-        let mut advisory = false;
-        let mut timeout = crate::spi::DEFAULT_TIMEOUT;
-        let mut kept = Vec::new();
-        for (k, v) in parsed.query_pairs() {
-            match k.as_ref() {
-                "timeout" => timeout = crate::spi::endpoints::parse_timeout(&v, &label)?,
-                "pool" => {
-                    pool_size = v
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=1000).contains(n))
-                        .ok_or_else(|| {
-                            Error::invalid(format!(
-                                "pool={v:?} in {label:?}: a number from 1 to 1000"
-                            ))
-                        })?;
-                }
-                "mode" => {
-                    advisory = match v.as_ref() {
-                        "advisory" => true,
-                        "lease" => false,
-                        _ => {
-                            return Err(Error::invalid(format!(
-                                "mode={v:?} in {label:?}: `lease` (the default, a lease \
-                                 table) or `advisory` (GET_LOCK session locks)"
-                            )));
-                        }
-                    };
-                }
-                _ => kept.push((k.into_owned(), v.into_owned())),
-            }
-        }
-        parsed.set_query(None);
-        if !kept.is_empty() {
-            parsed.query_pairs_mut().extend_pairs(&kept);
-        }
-        let opts = MySqlConnectOptions::from_str(parsed.as_str())
+        let opts = MySqlConnectOptions::from_str(driver.as_str())
             .map_err(|e| Error::invalid(format!("bad MySQL URL {label:?}: {e}")).with_source(e))?;
         let table =
             Self::connect(label, opts.clone(), pool_size, !advisory, timeout, wakeups).await?;

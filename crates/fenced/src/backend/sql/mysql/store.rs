@@ -3,7 +3,7 @@
 use super::*;
 
 impl Store for MySqlBackend {
-    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         Box::pin(async move {
             let row = sqlx::query(REGISTER_READ)
                 .bind(name.as_str())
@@ -20,78 +20,16 @@ impl Store for MySqlBackend {
         })
     }
 
-    fn register_write<'a>(
-        &'a self,
-        name: &'a LockName,
-        fence: Option<u64>,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
+    fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {
         Box::pin(async move {
-            let fence = fence.map(crate::spi::codec::fence_i64).transpose()?;
-            let mut tx = self.pool.begin().await.map_err(|e| self.db(e))?;
-            let row = sqlx::query(REGISTER_LOCK)
-                .bind(name.as_str())
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(|e| self.db(e))?;
-            let seen: i64 = match &row {
-                Some(r) => r.try_get("fence").map_err(|e| self.db(e))?,
-                None => 0,
-            };
-            let new_fence = match fence {
-                Some(f) if f < seen => return Ok(false),
-                Some(f) => f,
-                None => seen,
-            };
-            sqlx::query(REGISTER_UPSERT)
-                .bind(name.as_str())
-                .bind(value)
-                .bind(new_fence)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.db(e))?;
-            tx.commit().await.map_err(|e| self.db(e))?;
-            Ok(true)
-        })
-    }
-
-    fn register_swap<'a>(
-        &'a self,
-        name: &'a LockName,
-        expected: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
-            // The version after it must fit the column too.
-            crate::spi::codec::fence_i64(crate::spi::codec::next_version(name, expected)?)?;
-            let expected = crate::spi::codec::fence_i64(expected)?;
-            // The fence always changes, so a matched row is an affected row.
-            let r = sqlx::query(REGISTER_SWAP)
-                .bind(value)
-                .bind(name.as_str())
-                .bind(expected)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.db(e))?;
-            if r.rows_affected() == 1 || expected != 0 {
-                return Ok(r.rows_affected() == 1);
+            match write.rule {
+                WriteRule::Version(v) => self.swap_register(write, v).await,
+                _ => self.write_register(write).await,
             }
-            // Never written: of racing creators, one insert wins.
-            let r = sqlx::query(REGISTER_CREATE)
-                .bind(name.as_str())
-                .bind(value)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.db(e))?;
-            Ok(r.rows_affected() == 1)
         })
     }
 
-    fn register_decrement<'a>(
-        &'a self,
-        name: &'a LockName,
-        by: i64,
-    ) -> BoxFuture<'a, Result<Option<i64>>> {
+    fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         Box::pin(async move {
             let mut tx = self.pool.begin().await.map_err(|e| self.db(e))?;
             let row = sqlx::query(REGISTER_LOCK)
@@ -122,3 +60,61 @@ impl Store for MySqlBackend {
 }
 
 impl Backend for MySqlBackend {}
+
+impl MySqlBackend {
+    /// A fenced or unfenced write: the row is locked, the rule decided on
+    /// the fence read, then the row written, in one transaction.
+    async fn write_register(&self, write: RegisterWrite<'_>) -> Result<bool> {
+        if let WriteRule::Fence(f) = write.rule {
+            crate::spi::codec::fence_i64(f)?;
+        }
+        let mut tx = self.pool.begin().await.map_err(|e| self.db(e))?;
+        let row = sqlx::query(REGISTER_LOCK)
+            .bind(write.name.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| self.db(e))?;
+        let seen: i64 = match &row {
+            Some(r) => r.try_get("fence").map_err(|e| self.db(e))?,
+            None => 0,
+        };
+        let Some(fence) = write.rule.fence_after(write.name, seen as u64)? else {
+            return Ok(false);
+        };
+        sqlx::query(REGISTER_UPSERT)
+            .bind(write.name.as_str())
+            .bind(write.value)
+            .bind(crate::spi::codec::fence_i64(fence)?)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.db(e))?;
+        tx.commit().await.map_err(|e| self.db(e))?;
+        Ok(true)
+    }
+
+    /// A versioned compare-and-set in one statement: the fence always
+    /// changes, so a matched row is an affected row.
+    async fn swap_register(&self, write: RegisterWrite<'_>, expected: u64) -> Result<bool> {
+        // The version after it must fit the column too.
+        crate::spi::codec::fence_i64(crate::spi::codec::next_version(write.name, expected)?)?;
+        let expected = crate::spi::codec::fence_i64(expected)?;
+        let r = sqlx::query(REGISTER_SWAP)
+            .bind(write.value)
+            .bind(write.name.as_str())
+            .bind(expected)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.db(e))?;
+        if r.rows_affected() == 1 || expected != 0 {
+            return Ok(r.rows_affected() == 1);
+        }
+        // Never written: of racing creators, one insert wins.
+        let r = sqlx::query(REGISTER_CREATE)
+            .bind(write.name.as_str())
+            .bind(write.value)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.db(e))?;
+        Ok(r.rows_affected() == 1)
+    }
+}

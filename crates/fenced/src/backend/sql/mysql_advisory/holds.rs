@@ -17,11 +17,11 @@ impl LockBackend for MySqlAdvisory {
         false
     }
 
-    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         Box::pin(self.shared.attempt(req))
     }
 
-    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> Reply<'a, Vec<Renewal>> {
         Box::pin(async move {
             let checks = refs.iter().map(|r| async move {
                 let Some(hold) = unpoisoned(&self.shared.holds).get(&r.hold_id).cloned() else {
@@ -42,7 +42,7 @@ impl LockBackend for MySqlAdvisory {
         format!("{}?mode=advisory", self.shared.table.identity())
     }
 
-    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool> {
         Box::pin(async move {
             self.shared.end(&hold.hold_id).await.ok_or_else(|| {
                 Error::unavailable(
@@ -52,22 +52,17 @@ impl LockBackend for MySqlAdvisory {
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        _name: &'a LockName,
-        ticket: Option<Ticket>,
-        hold_id: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
+    fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
         Box::pin(async move {
-            if let Some(t) = ticket {
+            if let Some(t) = gone.ticket {
                 self.shared.withdraw(t).await;
             }
-            self.shared.end(hold_id).await;
+            self.shared.end(&gone.hold_id).await;
             Ok(())
         })
     }
 
-    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+    fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let sh = &self.shared;
             let row = sqlx::query(HOLDER)
@@ -108,7 +103,7 @@ impl LockBackend for MySqlAdvisory {
         })
     }
 
-    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+    fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let sh = &self.shared;
             let row = sqlx::query(HOLDER)
@@ -145,33 +140,15 @@ impl LockBackend for MySqlAdvisory {
 }
 
 impl Store for MySqlAdvisory {
-    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         self.shared.table.register_read(name)
     }
 
-    fn register_write<'a>(
-        &'a self,
-        name: &'a LockName,
-        fence: Option<u64>,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        self.shared.table.register_write(name, fence, value)
+    fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {
+        self.shared.table.register_write(write)
     }
 
-    fn register_swap<'a>(
-        &'a self,
-        name: &'a LockName,
-        expected: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        self.shared.table.register_swap(name, expected, value)
-    }
-
-    fn register_decrement<'a>(
-        &'a self,
-        name: &'a LockName,
-        by: i64,
-    ) -> BoxFuture<'a, Result<Option<i64>>> {
+    fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         self.shared.table.register_decrement(name, by)
     }
 }

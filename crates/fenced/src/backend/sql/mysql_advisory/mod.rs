@@ -47,7 +47,7 @@ use crate::spi::lease::believed_until;
 use crate::spi::sync::unpoisoned;
 use crate::spi::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
-    Outcome, RegisterValue, Renewal, Store, Ticket,
+    Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Ticket, Withdrawal,
 };
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Connection, MySqlConnection, Row};

@@ -7,11 +7,11 @@ impl LockBackend for PgBackend {
         "postgres"
     }
 
-    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         Box::pin(self.attempt_inner(req))
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> Reply<'a, Vec<Renewal>> {
         Box::pin(async move {
             let ids: Vec<&str> = holds.iter().map(|h| h.hold_id.as_str()).collect();
             let leases: Vec<i64> = holds.iter().map(|h| ms(h.lease)).collect();
@@ -40,7 +40,7 @@ impl LockBackend for PgBackend {
         self.identity.clone()
     }
 
-    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool> {
         Box::pin(async move {
             let row = sqlx::query(RELEASE)
                 .bind(&hold.hold_id)
@@ -54,13 +54,9 @@ impl LockBackend for PgBackend {
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        name: &'a LockName,
-        ticket: Option<Ticket>,
-        hold_id: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
+    fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
         Box::pin(async move {
+            let (name, ticket, hold_id) = (&gone.name, gone.ticket, gone.hold_id.as_str());
             sqlx::query(ABANDON)
                 .bind(name.as_str())
                 .bind(ticket.unwrap_or(-1))
@@ -72,7 +68,7 @@ impl LockBackend for PgBackend {
         })
     }
 
-    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+    fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let rows = sqlx::query(SELECT_HOLDS)
                 .bind(name.as_str())
@@ -104,7 +100,7 @@ impl LockBackend for PgBackend {
         })
     }
 
-    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+    fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let row = sqlx::query(FORCE)
                 .bind(name.as_str())

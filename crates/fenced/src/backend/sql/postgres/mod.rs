@@ -25,6 +25,7 @@
 //! of that name. A holder that dies sends nothing, so waiters also look
 //! again when the first lease in their way ends.
 
+use crate::backend::sql::SqlUrl;
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::grant::{Decision, LiveHold, decide, stands};
@@ -32,7 +33,7 @@ use crate::spi::lease::QUEUE_TTL;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
-    Outcome, RegisterValue, Renewal, Store, Ticket,
+    Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Withdrawal,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, Row};
@@ -85,45 +86,14 @@ impl PgBackend {
         url: &str,
         wakeups: Arc<Wakeups>,
     ) -> Result<(Arc<PgBackend>, PgConnectOptions, bool)> {
-        let label = crate::spi::endpoints::redact(url);
-        let mut parsed = url::Url::parse(url)
-            .map_err(|e| Error::invalid(format!("bad PostgreSQL URL {label:?}: {e}")))?;
-        let mut pool_size: u32 = 8;
-        let mut advisory = false;
-        let mut timeout = crate::spi::DEFAULT_TIMEOUT;
-        let mut kept = Vec::new();
-        for (k, v) in parsed.query_pairs() {
-            match k.as_ref() {
-                "timeout" => timeout = crate::spi::endpoints::parse_timeout(&v, &label)?,
-                "pool" => {
-                    pool_size = v
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=1000).contains(n))
-                        .ok_or_else(|| {
-                            Error::invalid(format!(
-                                "pool={v:?} in {label:?}: a number from 1 to 1000"
-                            ))
-                        })?;
-                }
-                "mode" => match v.as_ref() {
-                    "lease" => advisory = false,
-                    "advisory" => advisory = true,
-                    _ => {
-                        return Err(Error::invalid(format!(
-                            "mode={v:?} in {label:?}: use `lease` (the lease table, the \
-                             default) or `advisory` (session advisory locks)"
-                        )));
-                    }
-                },
-                _ => kept.push((k.into_owned(), v.into_owned())),
-            }
-        }
-        parsed.set_query(None);
-        if !kept.is_empty() {
-            parsed.query_pairs_mut().extend_pairs(&kept);
-        }
-        let opts = PgConnectOptions::from_str(parsed.as_str()).map_err(|e| {
+        let SqlUrl {
+            label,
+            driver,
+            pool_size,
+            advisory,
+            timeout,
+        } = SqlUrl::parse(url, "PostgreSQL", "session advisory locks")?;
+        let opts = PgConnectOptions::from_str(driver.as_str()).map_err(|e| {
             Error::invalid(format!("bad PostgreSQL URL {label:?}: {e}")).with_source(e)
         })?;
         let identity = format!(

@@ -161,18 +161,24 @@ pub(super) const FORCE: &str = "WITH d AS (DELETE FROM fenced_holds WHERE name =
     w AS (SELECT pg_notify('fenced_wake', $1))
     SELECT (SELECT count(*) FROM d) AS n, (SELECT count(*) FROM w) AS notified";
 pub(super) const REGISTER_READ: &str = "SELECT value, fence FROM fenced_registers WHERE name = $1";
-pub(super) const REGISTER_FENCED: &str =
+/// The register's writes (see [`RegisterSql`](super::super::RegisterSql)).
+pub(super) const REGISTER_SQL: super::super::RegisterSql = super::super::RegisterSql {
+    fenced: REGISTER_FENCED,
+    unfenced: REGISTER_UNFENCED,
+    create: REGISTER_CREATE,
+    swap: REGISTER_SWAP,
+};
+const REGISTER_FENCED: &str =
     "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, $3)
     ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence
     WHERE fenced_registers.fence <= EXCLUDED.fence";
-pub(super) const REGISTER_UNFENCED: &str =
+const REGISTER_UNFENCED: &str =
     "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, 0)
     ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value";
-pub(super) const REGISTER_CREATE: &str =
-    "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, 1)
+const REGISTER_CREATE: &str = "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, 1)
     ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, fence = 1
     WHERE fenced_registers.fence = 0";
-pub(super) const REGISTER_SWAP: &str =
+const REGISTER_SWAP: &str =
     "UPDATE fenced_registers SET value = $2, fence = fence + 1 WHERE name = $1 AND fence = $3";
 pub(super) const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
     SET value = convert_to((convert_from(value, 'UTF8')::bigint - $2)::text, 'UTF8')

@@ -3,7 +3,7 @@
 use super::*;
 
 impl Store for PgBackend {
-    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         Box::pin(async move {
             let row = sqlx::query(REGISTER_READ)
                 .bind(name.as_str())
@@ -20,64 +20,19 @@ impl Store for PgBackend {
         })
     }
 
-    fn register_write<'a>(
-        &'a self,
-        name: &'a LockName,
-        fence: Option<u64>,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
+    fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {
         Box::pin(async move {
-            let r = match fence {
-                Some(f) => {
-                    let f = crate::spi::codec::fence_i64(f)?;
-                    sqlx::query(REGISTER_FENCED)
-                        .bind(name.as_str())
-                        .bind(value)
-                        .bind(f)
-                        .execute(&self.pool)
-                        .await
-                }
-                None => {
-                    sqlx::query(REGISTER_UNFENCED)
-                        .bind(name.as_str())
-                        .bind(value)
-                        .execute(&self.pool)
-                        .await
-                }
+            let (sql, number) = REGISTER_SQL.for_rule(write.name, write.rule)?;
+            let mut query = sqlx::query(sql).bind(write.name.as_str()).bind(write.value);
+            if let Some(n) = number {
+                query = query.bind(n);
             }
-            .map_err(|e| self.db(e))?;
+            let r = query.execute(&self.pool).await.map_err(|e| self.db(e))?;
             Ok(r.rows_affected() == 1)
         })
     }
 
-    fn register_swap<'a>(
-        &'a self,
-        name: &'a LockName,
-        expected: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
-            // The version after it must fit the column too.
-            crate::spi::codec::fence_i64(crate::spi::codec::next_version(name, expected)?)?;
-            let expected = crate::spi::codec::fence_i64(expected)?;
-            let q = if expected == 0 {
-                sqlx::query(REGISTER_CREATE).bind(name.as_str()).bind(value)
-            } else {
-                sqlx::query(REGISTER_SWAP)
-                    .bind(name.as_str())
-                    .bind(value)
-                    .bind(expected)
-            };
-            let r = q.execute(&self.pool).await.map_err(|e| self.db(e))?;
-            Ok(r.rows_affected() == 1)
-        })
-    }
-
-    fn register_decrement<'a>(
-        &'a self,
-        name: &'a LockName,
-        by: i64,
-    ) -> BoxFuture<'a, Result<Option<i64>>> {
+    fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         Box::pin(async move {
             let row = sqlx::query(REGISTER_DECREMENT)
                 .bind(name.as_str())

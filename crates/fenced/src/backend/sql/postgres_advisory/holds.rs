@@ -17,11 +17,11 @@ impl LockBackend for PgAdvisory {
         false
     }
 
-    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         Box::pin(self.attempt_inner(req))
     }
 
-    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+    fn renew<'a>(&'a self, refs: &'a [HoldRef]) -> Reply<'a, Vec<Renewal>> {
         Box::pin(async move {
             let checks = refs.iter().map(|r| async move {
                 let Some(hold) = unpoisoned(&self.holds).get(&r.hold_id).cloned() else {
@@ -43,7 +43,7 @@ impl LockBackend for PgAdvisory {
         format!("{}?mode=advisory", self.table.identity())
     }
 
-    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool> {
         Box::pin(async move {
             self.end(&hold.hold_id).await.ok_or_else(|| {
                 Error::unavailable(
@@ -53,19 +53,14 @@ impl LockBackend for PgAdvisory {
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        _name: &'a LockName,
-        _ticket: Option<Ticket>,
-        hold_id: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
+    fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
         Box::pin(async move {
-            self.end(hold_id).await;
+            self.end(&gone.hold_id).await;
             Ok(())
         })
     }
 
-    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+    fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let (hi, lo) = halves(key(name.as_str()));
             let rows = sqlx::query(HOLDERS)
@@ -104,7 +99,7 @@ impl LockBackend for PgAdvisory {
         })
     }
 
-    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+    fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let (hi, lo) = halves(key(name.as_str()));
             let row = sqlx::query(TERMINATE)
@@ -131,33 +126,15 @@ impl LockBackend for PgAdvisory {
 }
 
 impl Store for PgAdvisory {
-    fn register_read<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<RegisterValue>> {
+    fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         self.table.register_read(name)
     }
 
-    fn register_write<'a>(
-        &'a self,
-        name: &'a LockName,
-        fence: Option<u64>,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        self.table.register_write(name, fence, value)
+    fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {
+        self.table.register_write(write)
     }
 
-    fn register_swap<'a>(
-        &'a self,
-        name: &'a LockName,
-        expected: u64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        self.table.register_swap(name, expected, value)
-    }
-
-    fn register_decrement<'a>(
-        &'a self,
-        name: &'a LockName,
-        by: i64,
-    ) -> BoxFuture<'a, Result<Option<i64>>> {
+    fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         self.table.register_decrement(name, by)
     }
 }

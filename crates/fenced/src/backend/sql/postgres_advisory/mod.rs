@@ -40,7 +40,7 @@ use crate::spi::lease::believed_until;
 use crate::spi::sync::unpoisoned;
 use crate::spi::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
-    Outcome, RegisterValue, Renewal, Store, Ticket,
+    Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Withdrawal,
 };
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, Row};

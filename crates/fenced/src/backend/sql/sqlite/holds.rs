@@ -7,7 +7,7 @@ impl LockBackend for SqliteBackend {
         "sqlite"
     }
 
-    fn attempt<'a>(&'a self, req: &'a Attempt) -> BoxFuture<'a, Result<Outcome>> {
+    fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         Box::pin(async move {
             let (outcome, changed) = self.attempt_tx(req).await?;
             if changed {
@@ -17,7 +17,7 @@ impl LockBackend for SqliteBackend {
         })
     }
 
-    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> BoxFuture<'a, Result<Vec<Renewal>>> {
+    fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> Reply<'a, Vec<Renewal>> {
         Box::pin(async move {
             let now = now_ms();
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
@@ -43,7 +43,7 @@ impl LockBackend for SqliteBackend {
         format!("sqlite://{}", file.display())
     }
 
-    fn release<'a>(&'a self, hold: &'a HoldRef) -> BoxFuture<'a, Result<bool>> {
+    fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool> {
         Box::pin(async move {
             let row = q(RELEASE)
                 .bind(&hold.hold_id)
@@ -57,13 +57,9 @@ impl LockBackend for SqliteBackend {
         })
     }
 
-    fn abandon<'a>(
-        &'a self,
-        name: &'a LockName,
-        ticket: Option<Ticket>,
-        hold_id: &'a str,
-    ) -> BoxFuture<'a, Result<()>> {
+    fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
         Box::pin(async move {
+            let (name, ticket, hold_id) = (&gone.name, gone.ticket, gone.hold_id.as_str());
             if let Some(t) = ticket {
                 q(DELETE_TICKET)
                     .bind(t)
@@ -81,7 +77,7 @@ impl LockBackend for SqliteBackend {
         })
     }
 
-    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus>> {
+    fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let now = now_ms();
             let mut c = self.pool.acquire().await.map_err(db)?;
@@ -124,7 +120,7 @@ impl LockBackend for SqliteBackend {
         })
     }
 
-    fn force_release<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<usize>> {
+    fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let r = q(FORCE_RELEASE)
                 .bind(name.as_str())

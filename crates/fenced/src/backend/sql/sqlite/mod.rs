@@ -42,7 +42,8 @@ use crate::spi::lease::QUEUE_TTL;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
     Attempt, Backend, Blocked, BoxFuture, DEFAULT_TIMEOUT, HoldRef, HolderInfo, LockBackend,
-    LockStatus, Mode, Outcome, RegisterValue, Renewal, Store, Ticket,
+    LockStatus, Mode, Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Ticket,
+    Withdrawal,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,

@@ -65,18 +65,24 @@ pub(super) const COUNT_WAITERS: &str =
 pub(super) const FORCE_RELEASE: &str = "DELETE FROM fenced_holds WHERE name = ?1";
 pub(super) const REGISTER_READ: &str =
     "SELECT CAST(value AS BLOB) AS value, fence FROM fenced_registers WHERE name = ?1";
-pub(super) const REGISTER_FENCED: &str =
+/// The register's writes (see [`RegisterSql`](super::super::RegisterSql)).
+pub(super) const REGISTER_SQL: super::super::RegisterSql = super::super::RegisterSql {
+    fenced: REGISTER_FENCED,
+    unfenced: REGISTER_UNFENCED,
+    create: REGISTER_CREATE,
+    swap: REGISTER_SWAP,
+};
+const REGISTER_FENCED: &str =
     "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, ?3)
     ON CONFLICT (name) DO UPDATE SET value = excluded.value, fence = excluded.fence
     WHERE fenced_registers.fence <= excluded.fence";
-pub(super) const REGISTER_UNFENCED: &str =
+const REGISTER_UNFENCED: &str =
     "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 0)
     ON CONFLICT (name) DO UPDATE SET value = excluded.value";
-pub(super) const REGISTER_CREATE: &str =
-    "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 1)
+const REGISTER_CREATE: &str = "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 1)
     ON CONFLICT (name) DO UPDATE SET value = excluded.value, fence = 1
     WHERE fenced_registers.fence = 0";
-pub(super) const REGISTER_SWAP: &str =
+const REGISTER_SWAP: &str =
     "UPDATE fenced_registers SET value = ?2, fence = fence + 1 WHERE name = ?1 AND fence = ?3";
 pub(super) const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
     SET value = CAST(CAST(CAST(value AS INTEGER) - ?2 AS TEXT) AS BLOB)
