@@ -5,7 +5,8 @@
 
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::spi::{BoxFuture, Mode};
+use crate::spi::grant::permits_differ;
+use crate::spi::{Attempt, Blocked, BoxFuture, Mode, Outcome};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -182,6 +183,30 @@ pub(crate) async fn withdraw<K: SessionKeys>(keys: &Arc<K>, hold_id: &str) {
     if keys.tracks(hold_id) {
         end_in_background(keys.clone(), hold_id.to_owned());
     }
+}
+
+/// How an attempt whose key is not granted ends when it does not wait
+/// there: refused (a semaphore key ahead counts other permits), or busy
+/// for a caller that will not wait; its key is deleted first. `None` when
+/// the caller waits on the key.
+pub(crate) async fn unwaited<K: SessionKeys>(
+    keys: &K,
+    req: &Attempt,
+    wait: &Wait,
+) -> Option<Outcome> {
+    let outcome = match wait {
+        Wait::Refused(theirs) => {
+            let ours = req.mode.permits().1;
+            Outcome::Refused(permits_differ(req.name.as_str(), *theirs, ours))
+        }
+        _ if !req.will_wait => Outcome::Busy(Blocked {
+            ticket: None,
+            retry_after: None,
+        }),
+        _ => return None,
+    };
+    keys.end_patiently(&req.hold_id, TRIES_WAITED_ON).await;
+    Some(outcome)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! (memory, SQLite, and the SQL lease table): one machine for mutexes,
 //! read-write locks and semaphores.
 
-use crate::spi::{Attempt, Mode};
+use crate::spi::{Attempt, HolderInfo, Mode};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A current holder, as the rule needs it.
@@ -102,6 +102,16 @@ impl LiveHold {
     /// Lease left, none if expired.
     pub(crate) fn lease_left(&self) -> Duration {
         Duration::from_millis(self.left_ms.max(0) as u64)
+    }
+
+    /// What status reports of it; `None` once its lease ran out.
+    pub(crate) fn holder(self) -> Option<HolderInfo> {
+        (self.left_ms > 0).then(|| HolderInfo {
+            lease_left: self.lease_left(),
+            owner: self.owner,
+            mode: self.mode,
+            token: self.token,
+        })
     }
 }
 

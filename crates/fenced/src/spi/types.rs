@@ -306,6 +306,14 @@ pub struct LockStatus {
 }
 
 impl LockStatus {
+    pub(crate) fn new(holders: Vec<HolderInfo>, waiters: usize, last_token: u64) -> Self {
+        LockStatus {
+            holders,
+            waiters,
+            last_token,
+        }
+    }
+
     /// True when nobody holds the lock.
     pub fn is_free(&self) -> bool {
         self.holders.is_empty()

@@ -140,25 +140,10 @@ impl EtcdShared {
                     session: Some(self.session.clock.bound_of(own.lease)),
                 })
             }
-            Wait::Refused(theirs) => {
-                self.end_patiently(&req.hold_id, crate::backend::queue::TRIES_WAITED_ON)
-                    .await;
-                let ours = req.mode.permits().1;
-                Ok(Outcome::Refused(permits_differ(
-                    req.name.as_str(),
-                    theirs,
-                    ours,
-                )))
-            }
-            _ if !req.will_wait => {
-                self.end_patiently(&req.hold_id, crate::backend::queue::TRIES_WAITED_ON)
-                    .await;
-                Ok(Outcome::Busy(Blocked {
-                    ticket: None,
-                    retry_after: None,
-                }))
-            }
             w => {
+                if let Some(o) = crate::backend::queue::unwaited(&**self, req, &w).await {
+                    return Ok(o);
+                }
                 let (key, options) = match w {
                     Wait::Key(k) => (k, WatchOptions::new()),
                     _ => (prefix.clone(), WatchOptions::new().with_prefix()),

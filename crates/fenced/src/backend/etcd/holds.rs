@@ -113,11 +113,7 @@ impl LockBackend for EtcdBackend {
                     lease_left,
                 });
             }
-            Ok(LockStatus {
-                holders,
-                waiters,
-                last_token,
-            })
+            Ok(LockStatus::new(holders, waiters, last_token))
         })
     }
 

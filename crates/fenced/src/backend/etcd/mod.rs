@@ -47,7 +47,6 @@ use crate::backend::queue::{Wait, decode_register, grants, register_cas, waits_f
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::endpoints::Endpoints;
-use crate::spi::grant::permits_differ;
 use crate::spi::lease::{SessionClock, believed_until};
 use crate::spi::sync::unpoisoned;
 use crate::spi::wake::Wakeups;

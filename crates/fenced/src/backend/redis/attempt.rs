@@ -273,11 +273,7 @@ impl RedisBackend {
                 lease_left: Duration::from_millis(left.max(0) as u64),
             });
         }
-        Ok(LockStatus {
-            holders,
-            waiters: waiters as usize,
-            last_token: last as u64,
-        })
+        Ok(LockStatus::new(holders, waiters as usize, last as u64))
     }
 
     pub(super) async fn force_inner(&self, name: &LockName) -> Result<usize> {

@@ -12,6 +12,8 @@ pub(crate) mod postgres_advisory;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 
+use crate::spi::Mode;
+use crate::spi::grant::LiveHold;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::spi::sync::unpoisoned;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -126,6 +128,75 @@ impl SqlUrl {
     }
 }
 
+/// The fenced register `name` of a lease table, read by `sql` (binding
+/// the name; its columns `value` and `fence`).
+pub(crate) async fn read_register<DB>(
+    pool: &sqlx::Pool<DB>,
+    sql: &'static str,
+    name: &crate::name::LockName,
+) -> Result<crate::spi::RegisterValue, sqlx::Error>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    &'static str: sqlx::ColumnIndex<DB::Row>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+{
+    use sqlx::Row;
+    let row = sqlx::query(sql)
+        .bind(name.as_str())
+        .fetch_optional(pool)
+        .await?;
+    row.map(|r| Ok((r.try_get("value")?, r.try_get::<i64, _>("fence")? as u64)))
+        .transpose()
+}
+
+/// A status query's `waiters` and `token` (the last issued) columns.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn waiters_and_token<R>(r: &R) -> Result<(usize, u64), sqlx::Error>
+where
+    R: sqlx::Row,
+    &'static str: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let waiters: i64 = r.try_get("waiters")?;
+    let token: i64 = r.try_get("token")?;
+    Ok((waiters as usize, token as u64))
+}
+
+/// A row of `fenced_holds`, as every lease table keeps it: the lease left
+/// read from a `left_ms` column, or from `expires_ms` against the
+/// database's `now` (in milliseconds) where the query read that.
+pub(crate) fn hold_row<R>(r: &R, now: Option<i64>) -> Result<LiveHold, sqlx::Error>
+where
+    R: sqlx::Row,
+    &'static str: sqlx::ColumnIndex<R>,
+    i16: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let code: i16 = r.try_get("mode")?;
+    let take: i32 = r.try_get("take")?;
+    let max: i32 = r.try_get("max")?;
+    let mode = Mode::from_code(i64::from(code), take as u32, max as u32).ok_or_else(|| {
+        sqlx::Error::Decode(format!("fenced_holds has an unknown mode {code}").into())
+    })?;
+    let left_ms = match now {
+        Some(now) => r.try_get::<i64, _>("expires_ms")? - now,
+        None => r.try_get("left_ms")?,
+    };
+    Ok(LiveHold {
+        hold_id: r.try_get("hold_id")?,
+        owner: r.try_get("owner")?,
+        mode,
+        token: r.try_get::<i64, _>("token")? as u64,
+        left_ms,
+    })
+}
+
 /// Database sessions that hold no lock, kept for the next session-held
 /// lock instead of a new connection each time.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -178,34 +249,43 @@ pub(crate) async fn still_there<C: sqlx::Connection>(
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 const STALE_AFTER: Duration = Duration::from_secs(10);
 
-/// The SQL lease tables' one-round-trip grant (`fenced_try_grant`, a
-/// function each backend creates with its tables): tried first for an
-/// unfair, unqueued acquire while the function is usable. `Ok(None)` leaves
-/// the decision to the full transaction: the lock has holds, the call met a
-/// conflict, or the function is `gone` (dropped, or not ours to run), which
-/// also stops later tries.
+/// A server lease table's attempt: the one-round-trip grant
+/// (`fenced_try_grant`, a function each backend creates with its tables)
+/// for an unfair, unqueued acquire while the function is usable, else the
+/// full transaction `tx`, run again (up to ten times) when the server
+/// aborts it for a `conflict`. The call leaves the decision to the
+/// transaction when the lock has holds, the call met a conflict, or the
+/// function is `gone` (dropped, or not ours to run), which also stops
+/// later calls.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) async fn try_fast_grant<F>(
+pub(crate) async fn attempt<F, T, TF>(
     usable: &std::sync::atomic::AtomicBool,
     req: &Attempt,
     call: F,
+    mut tx: T,
     conflict: impl Fn(&sqlx::Error) -> bool,
     gone: impl Fn(&sqlx::Error) -> bool,
-) -> std::result::Result<Option<Outcome>, sqlx::Error>
+) -> std::result::Result<Outcome, sqlx::Error>
 where
     F: std::future::Future<Output = std::result::Result<Option<i64>, sqlx::Error>>,
+    T: FnMut() -> TF,
+    TF: std::future::Future<Output = std::result::Result<Outcome, sqlx::Error>>,
 {
     use std::sync::atomic::Ordering;
-    if req.fair || req.ticket.is_some() || !usable.load(Ordering::Relaxed) {
-        return Ok(None);
-    }
-    match call.await {
-        Ok(token) => Ok(token.map(|t| Outcome::granted(t as u64))),
-        Err(e) if conflict(&e) => Ok(None),
-        Err(e) if gone(&e) => {
-            usable.store(false, Ordering::Relaxed);
-            Ok(None)
+    if !req.fair && req.ticket.is_none() && usable.load(Ordering::Relaxed) {
+        match call.await {
+            Ok(Some(token)) => return Ok(Outcome::granted(token as u64)),
+            Ok(None) => {}
+            Err(e) if conflict(&e) => {}
+            Err(e) if gone(&e) => usable.store(false, Ordering::Relaxed),
+            Err(e) => return Err(e),
         }
-        Err(e) => Err(e),
+    }
+    let mut tries = 0;
+    loop {
+        match tx().await {
+            Err(e) if conflict(&e) && tries < 10 => tries += 1,
+            done => return done,
+        }
     }
 }

@@ -56,25 +56,10 @@ impl ZkShared {
                     session: Some(self.clock.bound_of(own.session)),
                 })
             }
-            Wait::Refused(theirs) => {
-                self.end_patiently(&req.hold_id, crate::backend::queue::TRIES_WAITED_ON)
-                    .await;
-                let ours = req.mode.permits().1;
-                Ok(Outcome::Refused(permits_differ(
-                    req.name.as_str(),
-                    theirs,
-                    ours,
-                )))
-            }
-            _ if !req.will_wait => {
-                self.end_patiently(&req.hold_id, crate::backend::queue::TRIES_WAITED_ON)
-                    .await;
-                Ok(Outcome::Busy(Blocked {
-                    ticket: None,
-                    retry_after: None,
-                }))
-            }
             w => {
+                if let Some(o) = crate::backend::queue::unwaited(&**self, req, &w).await {
+                    return Ok(o);
+                }
                 let wakeups = self.wakeups.clone();
                 let name = req.name.clone();
                 let task = match w {

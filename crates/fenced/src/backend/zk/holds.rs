@@ -130,11 +130,7 @@ impl LockBackend for ZkBackend {
                     lease_left,
                 });
             }
-            Ok(LockStatus {
-                holders,
-                waiters,
-                last_token,
-            })
+            Ok(LockStatus::new(holders, waiters, last_token))
         })
     }
 

@@ -44,7 +44,6 @@ use crate::backend::queue::{
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::endpoints::Endpoints;
-use crate::spi::grant::permits_differ;
 use crate::spi::lease::{SessionClock, believed_until};
 use crate::spi::sync::unpoisoned;
 use crate::spi::wake::Wakeups;

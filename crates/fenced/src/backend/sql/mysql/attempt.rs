@@ -7,29 +7,17 @@ impl MySqlBackend {
         // Dropped since we opened, or made by a role that did not grant us
         // EXECUTE (ER_SP_DOES_NOT_EXIST, ER_PROCACCESS_DENIED_ERROR).
         let gone = |e: &sqlx::Error| matches!(error_number(e), Some(1305 | 1370));
-        let fast = crate::backend::sql::try_fast_grant(
-            &self.fast,
-            req,
-            self.call_try_grant(req),
-            is_conflict,
-            gone,
-        );
-        if let Some(o) = fast.await.map_err(|e| self.db(e))? {
-            return Ok(o);
-        }
-        let mut tries = 0;
-        loop {
-            match self.attempt_tx(req).await {
-                Err(e) if is_conflict(&e) && tries < 10 => tries += 1,
-                Err(e) => return Err(self.db(e)),
-                Ok((o, changed)) => {
-                    if changed {
-                        self.wake_waiters(req.name.as_str()).await;
-                    }
-                    return Ok(o);
-                }
+        let tx = || async {
+            let (o, changed) = self.attempt_tx(req).await?;
+            if changed {
+                self.wake_waiters(req.name.as_str()).await;
             }
-        }
+            Ok(o)
+        };
+        let fast = self.call_try_grant(req);
+        crate::backend::sql::attempt(&self.fast, req, fast, tx, is_conflict, gone)
+            .await
+            .map_err(|e| self.db(e))
     }
 
     /// [`TRY_GRANT`]: the token of a grant in one round trip, or `None`
@@ -82,7 +70,7 @@ impl MySqlBackend {
             .await?;
         let holds = rows
             .iter()
-            .map(|r| hold_row(r, now))
+            .map(|r| hold_row(r, Some(now)))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         if let Some(token) = stands(req, &holds) {
             tx.commit().await?;

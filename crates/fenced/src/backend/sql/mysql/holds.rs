@@ -130,15 +130,8 @@ impl LockBackend for MySqlBackend {
             let mut holders = Vec::new();
             for r in &rows {
                 let now: i64 = r.try_get("now_ms").map_err(|e| self.db(e))?;
-                let h = hold_row(r, now).map_err(|e| self.db(e))?;
-                if h.left_ms > 0 {
-                    holders.push(HolderInfo {
-                        lease_left: h.lease_left(),
-                        owner: h.owner,
-                        mode: h.mode,
-                        token: h.token,
-                    });
-                }
+                let h = hold_row(r, Some(now)).map_err(|e| self.db(e))?;
+                holders.extend(h.holder());
             }
             let row = sqlx::query(STATUS_REST)
                 .bind(name.as_str())
@@ -146,11 +139,8 @@ impl LockBackend for MySqlBackend {
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| self.db(e))?;
-            Ok(LockStatus {
-                holders,
-                waiters: row.try_get::<i64, _>("waiters").map_err(|e| self.db(e))? as usize,
-                last_token: row.try_get::<i64, _>("token").map_err(|e| self.db(e))? as u64,
-            })
+            let (waiters, last_token) = waiters_and_token(&row).map_err(|e| self.db(e))?;
+            Ok(LockStatus::new(holders, waiters, last_token))
         })
     }
 

@@ -35,17 +35,17 @@
 //! `fenced_doorbell:<its connection id>` for as long as it lives, and a
 //! releaser wakes only ids whose lock is held by that very connection.
 
-use crate::backend::sql::SqlUrl;
+use crate::backend::sql::{SqlUrl, hold_row, waiters_and_token};
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::spi::grant::{Decision, LiveHold, decide, stands};
+use crate::spi::grant::{Decision, decide, stands};
 use crate::spi::lease::QUEUE_TTL;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
-    Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Withdrawal, WriteRule,
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, LockBackend, LockStatus, Outcome, RegisterValue,
+    RegisterWrite, Renewal, Reply, Store, Withdrawal, WriteRule,
 };
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, MySqlConnection, Row};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -274,22 +274,6 @@ impl MySqlBackend {
             .map_err(|e| self.db(e))?;
         Ok(row.try_get::<i64, _>("token").map_err(|e| self.db(e))? as u64)
     }
-}
-
-fn hold_row(r: &MySqlRow, now: i64) -> std::result::Result<LiveHold, sqlx::Error> {
-    let code: i16 = r.try_get("mode")?;
-    let take: i32 = r.try_get("take")?;
-    let max: i32 = r.try_get("max")?;
-    let mode = Mode::from_code(i64::from(code), take as u32, max as u32).ok_or_else(|| {
-        sqlx::Error::Decode(format!("fenced_holds has an unknown mode {code}").into())
-    })?;
-    Ok(LiveHold {
-        hold_id: r.try_get("hold_id")?,
-        owner: r.try_get("owner")?,
-        mode,
-        token: r.try_get::<i64, _>("token")? as u64,
-        left_ms: r.try_get::<i64, _>("expires_ms")? - now,
-    })
 }
 
 /// A deadlock or lock-wait timeout: the transaction can simply run again.

@@ -95,11 +95,7 @@ impl LockBackend for MySqlAdvisory {
                 .values()
                 .filter(|p| matches!(*unpoisoned(&p.state), Probe::Waiting))
                 .count();
-            Ok(LockStatus {
-                holders,
-                waiters,
-                last_token,
-            })
+            Ok(LockStatus::new(holders, waiters, last_token))
         })
     }
 

@@ -7,24 +7,11 @@ impl PgBackend {
     pub(super) async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
         // Dropped since we opened: go on without it.
         let gone = |e: &sqlx::Error| has_state(e, &["42883"]);
-        let fast = crate::backend::sql::try_fast_grant(
-            &self.fast,
-            req,
-            self.call_try_grant(req),
-            is_conflict,
-            gone,
-        );
-        if let Some(o) = fast.await.map_err(|e| self.db(e))? {
-            return Ok(o);
-        }
-        let mut tries = 0;
-        loop {
-            match self.attempt_tx(req).await {
-                Err(e) if is_conflict(&e) && tries < 10 => tries += 1,
-                Err(e) => return Err(self.db(e)),
-                Ok(o) => return Ok(o),
-            }
-        }
+        let tx = || self.attempt_tx(req);
+        let fast = self.call_try_grant(req);
+        crate::backend::sql::attempt(&self.fast, req, fast, tx, is_conflict, gone)
+            .await
+            .map_err(|e| self.db(e))
     }
 
     /// [`TRY_GRANT`]: the token of a grant in one round trip, or `None`
@@ -71,7 +58,7 @@ impl PgBackend {
             .await?;
         let holds = rows
             .iter()
-            .map(hold_row)
+            .map(|r| hold_row(r, None))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         if let Some(token) = stands(req, &holds) {
             if changed {

@@ -75,28 +75,17 @@ impl LockBackend for PgBackend {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| self.db(e))?;
-            let holders = rows
-                .iter()
-                .map(|r| {
-                    hold_row(r).map(|h| HolderInfo {
-                        lease_left: h.lease_left(),
-                        owner: h.owner,
-                        mode: h.mode,
-                        token: h.token,
-                    })
-                })
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| self.db(e))?;
+            let mut holders = Vec::new();
+            for r in &rows {
+                holders.extend(hold_row(r, None).map_err(|e| self.db(e))?.holder());
+            }
             let row = sqlx::query(STATUS_WAITERS)
                 .bind(name.as_str())
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| self.db(e))?;
-            Ok(LockStatus {
-                holders,
-                waiters: row.try_get::<i64, _>("waiters").map_err(|e| self.db(e))? as usize,
-                last_token: row.try_get::<i64, _>("token").map_err(|e| self.db(e))? as u64,
-            })
+            let (waiters, last_token) = waiters_and_token(&row).map_err(|e| self.db(e))?;
+            Ok(LockStatus::new(holders, waiters, last_token))
         })
     }
 

@@ -25,17 +25,17 @@
 //! of that name. A holder that dies sends nothing, so waiters also look
 //! again when the first lease in their way ends.
 
-use crate::backend::sql::SqlUrl;
+use crate::backend::sql::{SqlUrl, hold_row, waiters_and_token};
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::spi::grant::{Decision, LiveHold, decide, stands};
+use crate::spi::grant::{Decision, decide, stands};
 use crate::spi::lease::QUEUE_TTL;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
-    Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
-    Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Withdrawal,
+    Attempt, Backend, Blocked, BoxFuture, HoldRef, LockBackend, LockStatus, Outcome, RegisterValue,
+    RegisterWrite, Renewal, Reply, Store, Withdrawal,
 };
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection, Row};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -234,22 +234,6 @@ async fn listen(mut listener: PgListener, wakeups: Arc<Wakeups>) {
             }
         }
     }
-}
-
-fn hold_row(r: &PgRow) -> std::result::Result<LiveHold, sqlx::Error> {
-    let code: i16 = r.try_get("mode")?;
-    let take: i32 = r.try_get("take")?;
-    let max: i32 = r.try_get("max")?;
-    let mode = Mode::from_code(i64::from(code), take as u32, max as u32).ok_or_else(|| {
-        sqlx::Error::Decode(format!("fenced_holds has an unknown mode {code}").into())
-    })?;
-    Ok(LiveHold {
-        hold_id: r.try_get("hold_id")?,
-        owner: r.try_get("owner")?,
-        mode,
-        token: r.try_get::<i64, _>("token")? as u64,
-        left_ms: r.try_get("left_ms")?,
-    })
 }
 
 /// Whether the server's error has one of these SQLSTATEs.

@@ -5,18 +5,9 @@ use super::*;
 impl Store for PgBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         Box::pin(async move {
-            let row = sqlx::query(REGISTER_READ)
-                .bind(name.as_str())
-                .fetch_optional(&self.pool)
+            crate::backend::sql::read_register(&self.pool, REGISTER_READ, name)
                 .await
-                .map_err(|e| self.db(e))?;
-            row.map(|r| {
-                let v: Vec<u8> = r.try_get("value")?;
-                let f: i64 = r.try_get("fence")?;
-                Ok((v, f as u64))
-            })
-            .transpose()
-            .map_err(|e| self.db(e))
+                .map_err(|e| self.db(e))
         })
     }
 

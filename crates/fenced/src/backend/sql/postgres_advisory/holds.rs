@@ -91,11 +91,7 @@ impl LockBackend for PgAdvisory {
                     lease_left: Duration::MAX,
                 });
             }
-            Ok(LockStatus {
-                holders,
-                waiters,
-                last_token,
-            })
+            Ok(LockStatus::new(holders, waiters, last_token))
         })
     }
 

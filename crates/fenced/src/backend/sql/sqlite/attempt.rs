@@ -28,7 +28,7 @@ impl SqliteBackend {
             .map_err(db)?;
         let holds = rows
             .iter()
-            .map(|r| hold_row(r, now))
+            .map(|r| hold_row(r, Some(now)).map_err(db))
             .collect::<Result<Vec<_>>>()?;
         if let Some(token) = stands(req, &holds) {
             tx.commit().await.map_err(db)?;

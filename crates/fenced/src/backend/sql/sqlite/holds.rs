@@ -88,15 +88,8 @@ impl LockBackend for SqliteBackend {
                 .map_err(db)?;
             let mut holders = Vec::new();
             for r in &rows {
-                let h = hold_row(r, now)?;
-                if h.left_ms > 0 {
-                    holders.push(HolderInfo {
-                        lease_left: h.lease_left(),
-                        owner: h.owner,
-                        mode: h.mode,
-                        token: h.token,
-                    });
-                }
+                let h = hold_row(r, Some(now)).map_err(db)?;
+                holders.extend(h.holder());
             }
             let waiters: i64 = q(COUNT_WAITERS)
                 .bind(name.as_str())
@@ -112,11 +105,11 @@ impl LockBackend for SqliteBackend {
                 .await
                 .map_err(db)
                 .and_then(scalar)?;
-            Ok(LockStatus {
+            Ok(LockStatus::new(
                 holders,
-                waiters: waiters as usize,
-                last_token: last.unwrap_or(0) as u64,
-            })
+                waiters as usize,
+                last.unwrap_or(0) as u64,
+            ))
         })
     }
 

@@ -35,15 +35,15 @@
 //! the monotonic clock, does not see that. Fencing tokens are persisted in
 //! the file and never fall below the wall clock in microseconds.
 
+use crate::backend::sql::hold_row;
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::spi::grant::{Decision, LiveHold, decide, next_token, stands};
+use crate::spi::grant::{Decision, decide, next_token, stands};
 use crate::spi::lease::QUEUE_TTL;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
-    Attempt, Backend, Blocked, BoxFuture, DEFAULT_TIMEOUT, HoldRef, HolderInfo, LockBackend,
-    LockStatus, Mode, Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Ticket,
-    Withdrawal,
+    Attempt, Backend, Blocked, BoxFuture, DEFAULT_TIMEOUT, HoldRef, LockBackend, LockStatus,
+    Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Ticket, Withdrawal,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -144,21 +144,6 @@ fn is_busy(e: &sqlx::Error) -> bool {
         .and_then(|d| d.code())
         .and_then(|c| c.parse::<i32>().ok())
         .is_some_and(|c| matches!(c & 0xff, 5 | 6))
-}
-
-fn hold_row(r: &sqlx::sqlite::SqliteRow, now: i64) -> Result<LiveHold> {
-    let code: i64 = r.try_get("mode").map_err(db)?;
-    let take: i64 = r.try_get("take").map_err(db)?;
-    let max: i64 = r.try_get("max").map_err(db)?;
-    let mode = Mode::from_code(code, take as u32, max as u32)
-        .ok_or_else(|| Error::protocol(format!("fenced_holds has an unknown mode {code}")))?;
-    Ok(LiveHold {
-        hold_id: r.try_get("hold_id").map_err(db)?,
-        owner: r.try_get("owner").map_err(db)?,
-        mode,
-        token: r.try_get::<i64, _>("token").map_err(db)? as u64,
-        left_ms: r.try_get::<i64, _>("expires_ms").map_err(db)? - now,
-    })
 }
 
 /// The first column of an optional row.

@@ -5,17 +5,9 @@ use super::*;
 impl Store for SqliteBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         Box::pin(async move {
-            let row = q(REGISTER_READ)
-                .bind(name.as_str())
-                .fetch_optional(&self.pool)
+            crate::backend::sql::read_register(&self.pool, REGISTER_READ, name)
                 .await
-                .map_err(db)?;
-            row.map(|r| {
-                let v: Vec<u8> = r.try_get("value").map_err(db)?;
-                let f: i64 = r.try_get("fence").map_err(db)?;
-                Ok((v, f as u64))
-            })
-            .transpose()
+                .map_err(db)
         })
     }
 
