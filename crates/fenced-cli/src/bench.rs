@@ -677,7 +677,7 @@ pub(crate) async fn s2_worker(
     let end = Instant::now() + args.duration;
     if let Some(keys) = args.keys {
         // S3: many keys, little contention; the figure is the aggregate rate.
-        let locks: Vec<fenced::Lock> = (0..keys.max(1))
+        let locks: Vec<fenced::Mutex> = (0..keys.max(1))
             .map(|k| client.mutex(&format!("{}:{k}", args.name)))
             .collect::<Result<_, _>>()?;
         while Instant::now() < end {

@@ -124,12 +124,12 @@ impl Client {
     /// A mutex: one holder at a time. Every acquisition is its own owner,
     /// so tasks that share this client exclude each other; name an
     /// [`Owner`](crate::Owner) for reentrancy.
-    pub fn mutex(&self, name: &str) -> Result<Lock> {
-        Ok(Lock::new(
+    pub fn mutex(&self, name: &str) -> Result<crate::Mutex> {
+        Ok(crate::Mutex::new(Lock::new(
             self.clone(),
             LockName::new(name)?,
             Mode::Exclusive,
-        ))
+        )))
     }
 
     /// A read-write lock: many readers or one writer.

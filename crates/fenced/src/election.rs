@@ -6,7 +6,7 @@ use crate::client::Client;
 use crate::error::{ErrorKind, Result};
 use crate::fence::FencedRegister;
 use crate::guard::Guard;
-use crate::lock::Lock;
+use crate::mutex::Mutex;
 use std::time::Duration;
 
 /// An election among the clients that campaign on one name.
@@ -25,7 +25,7 @@ use std::time::Duration;
 /// ```
 #[derive(Clone, Debug)]
 pub struct Election {
-    lock: Lock,
+    lock: Mutex,
     value: FencedRegister,
 }
 
@@ -47,7 +47,7 @@ impl Election {
     }
 
     /// The lock behind the election, to set its lease, owner or retry policy.
-    pub fn with_lock(mut self, f: impl FnOnce(Lock) -> Lock) -> Self {
+    pub fn with_lock(mut self, f: impl FnOnce(Mutex) -> Mutex) -> Self {
         self.lock = f(self.lock);
         self
     }
@@ -90,11 +90,11 @@ impl Election {
     /// The current leader, if one leads and has proclaimed its value
     /// (between a new leader's grant and its proclamation there is none).
     pub async fn leader(&self) -> Result<Option<Leader>> {
-        let inner = &self.lock.client.inner;
+        let inner = &self.lock.as_lock().client.inner;
         if inner.backend.election().is_some() {
             let native = inner
                 .read(|b| match b.election() {
-                    Some(e) => e.leader(&self.lock.name),
+                    Some(e) => e.leader(&self.lock.as_lock().name),
                     None => Box::pin(async { Ok(None) }),
                 })
                 .await?;

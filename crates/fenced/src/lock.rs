@@ -1,6 +1,10 @@
-//! Lock handles: a mutex and the two sides of a read-write lock are one
-//! type, [`Lock`], in different [`Mode`]s; a [`Semaphore`](crate::Semaphore)
-//! is the same machine with permits.
+//! The lock machine's handle, [`Lock`]: one lock in one [`Mode`]. The
+//! primitives are thin types over it, as tokio's `Mutex` is a semaphore
+//! of one permit: a [`Mutex`](crate::Mutex) is a `Lock` in exclusive
+//! mode, a [`RwLock`]'s two sides are `Lock`s that share a name, and a
+//! [`Semaphore`](crate::Semaphore) is a `Lock` with permits. Each has only
+//! the methods that mean something for it; what takes any lock (a
+//! [`MultiLock`](crate::MultiLock)) takes a `Lock`.
 
 use crate::client::Client;
 use crate::core::acquire::{self, Wait};
@@ -15,33 +19,21 @@ use std::fmt;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// A handle on one lock; acquiring it yields a [`Guard`].
+/// A handle on one lock in one [`Mode`]; acquiring it yields a [`Guard`].
 ///
-/// Made by [`Client::mutex`] and [`RwLock`] (and under a
-/// [`Semaphore`](crate::Semaphore)); cheap
-/// to clone. The builder methods set options for the acquisitions made
-/// through this handle:
+/// The sides of a [`RwLock`] are `Lock`s, and a [`Mutex`](crate::Mutex)
+/// or a [`Semaphore`](crate::Semaphore) turns into one (`Lock::from`) for
+/// what takes any lock. Cheap to clone. The builder methods set options
+/// for the acquisitions made through this handle:
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// use std::time::Duration;
 /// let client = fenced::Client::connect("memory://").await?;
-/// let lock = client
-///     .mutex("reports:nightly")?
-///     .lease(Duration::from_secs(10))   // renewed every ~3.3 s while held
-///     .fair(true)                       // first come, first served
-///     .wait_timeout(Duration::from_secs(5));
-/// let guard = lock.acquire().await?;    // TimedOut after 5 s of waiting
-/// // Every acquisition is its own owner: another one, even through this
-/// // very handle, waits (here: gives up at once) ...
-/// assert!(lock.try_acquire().await?.is_none());
-/// drop(guard);
-/// // ... unless one owner is named for both (reentrancy).
-/// let me = fenced::Owner::new();
-/// let outer = lock.clone().owner(&me).acquire().await?;
-/// let nested = lock.clone().owner(&me).acquire().await?;
-/// assert_eq!(nested.fencing_token(), outer.fencing_token());
-/// assert_eq!(nested.hold_count(), 2);
+/// let read = client.rwlock("config")?.read().lease(Duration::from_secs(10));
+/// let guard = read.acquire().await?;
+/// assert_eq!(read.mode(), fenced::Mode::Shared);
+/// # drop(guard);
 /// # Ok::<_, fenced::Error>(()) }).unwrap();
 /// ```
 #[derive(Clone)]
@@ -316,3 +308,81 @@ impl RwLock {
         self.name.as_str()
     }
 }
+
+/// The methods a thin primitive type (a struct with a `lock: Lock` field)
+/// passes to the [`Lock`] under it: the builder options, acquiring,
+/// status, and the way back to a `Lock`. `$what` names the primitive in
+/// the docs, `$held` what an acquisition holds.
+macro_rules! thin_lock {
+    ($what:literal, $held:literal) => {
+        crate::lock::thin_lock!(@options
+            lease(lease: std::time::Duration),
+            watchdog(on: bool),
+            fixed_lease(lease: std::time::Duration),
+            fair(fair: bool),
+            wait_timeout(wait: std::time::Duration),
+            retry(policy: crate::RetryPolicy),
+            owner(owner: &crate::Owner),
+        );
+
+        #[doc = concat!("Waits until the ", $held, " is held (see [`Lock::acquire`](crate::Lock::acquire)).")]
+        ///
+        /// # Cancel safety
+        /// Dropping the future leaves nothing behind (see [`Lock::acquire`](crate::Lock::acquire)).
+        pub async fn acquire(&self) -> crate::Result<crate::Guard> {
+            self.lock.acquire().await
+        }
+
+        #[doc = concat!("Takes the ", $held, " if free now; `Ok(None)` if not (see [`Lock::try_acquire`](crate::Lock::try_acquire)).")]
+        pub async fn try_acquire(&self) -> crate::Result<Option<crate::Guard>> {
+            self.lock.try_acquire().await
+        }
+
+        #[doc = concat!("Waits up to `wait` for the ", $held, " (see [`Lock::acquire_timeout`](crate::Lock::acquire_timeout)).")]
+        pub async fn acquire_timeout(
+            &self,
+            wait: std::time::Duration,
+        ) -> crate::Result<Option<crate::Guard>> {
+            self.lock.acquire_timeout(wait).await
+        }
+
+        #[doc = concat!("What the backend knows of this ", $what, ".")]
+        pub async fn status(&self) -> crate::Result<crate::LockStatus> {
+            self.lock.status().await
+        }
+
+        #[doc = concat!("Drops every hold of this ", $what, ", whoever holds it (see [`Lock::force_unlock`](crate::Lock::force_unlock)).")]
+        pub async fn force_unlock(&self) -> crate::Result<usize> {
+            self.lock.force_unlock().await
+        }
+
+        #[doc = concat!("The ", $what, "'s name.")]
+        pub fn name(&self) -> &str {
+            self.lock.name()
+        }
+
+        /// The options acquisitions use.
+        pub fn options(&self) -> &crate::LockOptions {
+            self.lock.options()
+        }
+
+        /// The client it belongs to.
+        pub fn client(&self) -> &crate::Client {
+            self.lock.client()
+        }
+
+        /// The lock machine under it, for what takes any lock (a
+        /// [`MultiLock`](crate::MultiLock)).
+        pub fn as_lock(&self) -> &crate::Lock {
+            &self.lock
+        }
+    };
+    (@options $($name:ident($($arg:ident: $ty:ty),*)),* $(,)?) => {$(
+        #[doc = concat!("As [`Lock::", stringify!($name), "`](crate::Lock::", stringify!($name), ").")]
+        pub fn $name(mut self, $($arg: $ty),*) -> Self {
+            self.lock = self.lock.$name($($arg),*);
+            self
+        }
+    )*};
+}
+pub(crate) use thin_lock;

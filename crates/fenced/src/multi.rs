@@ -38,8 +38,8 @@ pub struct MultiLock {
 impl MultiLock {
     /// A MultiLock over `locks`. Duplicates (same backend, name and mode)
     /// are taken once.
-    pub fn new(locks: impl IntoIterator<Item = Lock>) -> Self {
-        let mut locks: Vec<Lock> = locks.into_iter().collect();
+    pub fn new(locks: impl IntoIterator<Item = impl Into<Lock>>) -> Self {
+        let mut locks: Vec<Lock> = locks.into_iter().map(Into::into).collect();
         locks.sort_by(|a, b| key(a).cmp(&key(b)));
         locks.dedup_by(|a, b| key(a) == key(b));
         MultiLock { locks }

@@ -65,7 +65,7 @@ impl StripedLock {
     }
 
     /// The mutex of segment `index` (0-based).
-    pub fn segment(&self, index: u32) -> Result<Lock> {
+    pub fn segment(&self, index: u32) -> Result<crate::Mutex> {
         if index >= self.segments {
             return Err(Error::invalid(format!(
                 "segment {index} is out of range: {:?} has {} segments",
@@ -83,10 +83,10 @@ impl StripedLock {
     }
 
     /// The mutex of the segment `key` maps to.
-    pub fn for_key<K: Hash + ?Sized>(&self, key: &K) -> Lock {
+    pub fn for_key<K: Hash + ?Sized>(&self, key: &K) -> crate::Mutex {
         let name = LockName::new(&self.segment_name(self.index_for(key)))
             .expect("segment names were checked when the striped lock was made");
-        Lock::new(self.client.clone(), name, crate::Mode::Exclusive)
+        crate::Mutex::new(Lock::new(self.client.clone(), name, crate::Mode::Exclusive))
     }
 }
 

@@ -94,7 +94,7 @@ pub const PERMITS: &[Case] = &[
 /// The lock a side names, on `client`, as `me` where it is the asker's.
 fn lock_of(client: &Client, name: &str, side: Side, me: &Owner) -> fenced::Result<Lock> {
     let (lock, who) = match side {
-        Mutex(w) => (client.mutex(name)?, w),
+        Mutex(w) => (client.mutex(name)?.into(), w),
         Read(w) => (client.rwlock(name)?.read(), w),
         Write(w) => (client.rwlock(name)?.write(), w),
         Permits(w, take, max) => (client.semaphore(name, max)?.permits(take).into(), w),
