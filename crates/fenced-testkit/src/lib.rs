@@ -9,6 +9,7 @@
 
 pub mod conformance;
 mod fixture;
+pub mod interop;
 pub mod process;
 pub mod servers;
 mod timing;

@@ -1,6 +1,8 @@
 //! PostgreSQL beyond the conformance suite: killed connections, a server
 //! restart, injection-shaped names, bad URLs.
 
+#![cfg(feature = "postgres")]
+
 use fenced::{Client, ErrorKind};
 use fenced_testkit::servers::postgres::PgServer;
 use fenced_testkit::{Timing, unique};

@@ -5,33 +5,9 @@
 #![cfg(feature = "zookeeper")]
 
 use fenced::{Client, ErrorKind};
+use fenced_testkit::interop::{curator, next_line};
 use fenced_testkit::servers::zookeeper::ZkEnsemble;
 use fenced_testkit::{Timing, unique};
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
-
-/// Curator's mutex on `path`, holding it `hold_ms` once it has it.
-fn curator(connect: &str, path: &str, hold_ms: u64) -> (Child, BufReader<ChildStdout>) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLock.java");
-    let mut child = Command::new("java")
-        .arg("-cp")
-        .arg("/usr/share/java/curator-recipes.jar:/usr/share/java/slf4j-nop.jar")
-        .arg(src)
-        .args([connect, path, &hold_ms.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run java (Debian's default-jdk-headless)");
-    let out = BufReader::new(child.stdout.take().expect("piped"));
-    (child, out)
-}
-
-fn next_line(out: &mut BufReader<ChildStdout>) -> String {
-    let mut line = String::new();
-    out.read_line(&mut line).expect("Curator's output");
-    line.trim().to_owned()
-}
 
 /// Curator's `InterProcessMutex` on `/N` and fenced's mutex `N` are one
 /// lock, each way: a holder on either side keeps the other out, and each

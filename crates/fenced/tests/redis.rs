@@ -2,32 +2,16 @@
 //! Redisson's layout, RedLock with a master down, Sentinel failover, and
 //! bad input and faults.
 
+#![cfg(feature = "redis")]
+
 use fenced::{Client, ErrorKind, RetryPolicy};
+use fenced_testkit::interop::{redis_py, redis_py_try};
 use fenced_testkit::servers::redis::{RedisMasters, RedisSentinel, RedisServer};
 use fenced_testkit::{Timing, unique};
 use nix::sys::signal::Signal;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
-
-const FENCED: &str = env!("CARGO_BIN_EXE_fenced");
-
-/// A Python that has redis-py: Debian's `python3-redis` goes with
-/// `/usr/bin/python3`, which may not be the first `python3` on PATH.
-fn python() -> PathBuf {
-    for p in ["/usr/bin/python3", "python3"] {
-        let ok = Command::new(p)
-            .args(["-c", "import redis"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return PathBuf::from(p);
-        }
-    }
-    panic!("no python3 with redis-py: run scripts/test, or `apt-get install python3-redis`");
-}
 
 /// A plain connection to the server, for what fenced's API does not show.
 fn raw_connection(server: &RedisServer) -> redis::Connection {
@@ -35,29 +19,6 @@ fn raw_connection(server: &RedisServer) -> redis::Connection {
         .unwrap()
         .get_connection()
         .unwrap()
-}
-
-fn py_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/redis_py_lock.py")
-}
-
-fn redis_py(port: u16, name: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(python());
-    c.arg(py_script())
-        .arg(port.to_string())
-        .arg(name)
-        .args(args);
-    c
-}
-
-fn redis_py_try(port: u16, name: &str) -> String {
-    let out = redis_py(port, name, &["try"]).output().expect("run python");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// fenced (`layout=simple`) and redis-py's `Lock` exclude each other on
@@ -98,50 +59,6 @@ async fn redis_py_lock_and_fenced_exclude_each_other() {
     assert_eq!(redis_py_try(server.port, &name), "busy");
     assert!(g.release().await.unwrap());
     assert_eq!(redis_py_try(server.port, &name), "acquired");
-}
-
-/// `fenced run` processes and a redis-py loop increment one file under the
-/// same lock name: no increment is lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_py_and_fenced_run_never_overlap() {
-    const ROUNDS: usize = 25;
-    let server = RedisServer::start();
-    let url = format!("{}?layout=simple", server.url());
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("counter");
-    std::fs::write(&file, "0").unwrap();
-    let name = unique("pyloop");
-    let py = redis_py(
-        server.port,
-        &name,
-        &["loop", &ROUNDS.to_string(), file.to_str().unwrap()],
-    )
-    .spawn()
-    .unwrap();
-    let script = format!(
-        "for i in $(seq {ROUNDS}); do {FENCED} run --backend '{url}' {name} -- \
-         sh -c 'n=$(cat {f}); sleep 0.002; echo $((n+1)) > {f}' || exit 1; done",
-        f = file.display()
-    );
-    let sh = Command::new("sh").arg("-c").arg(&script).spawn().unwrap();
-    let (py, sh) = tokio::task::spawn_blocking(move || {
-        let mut py = py;
-        let mut sh = sh;
-        (py.wait().unwrap(), sh.wait().unwrap())
-    })
-    .await
-    .unwrap();
-    assert!(py.success() && sh.success());
-    let n: usize = std::fs::read_to_string(&file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert_eq!(
-        n,
-        2 * ROUNDS,
-        "an increment was lost: the two clients overlapped"
-    );
 }
 
 /// While someone queues, a release names the queue's head on the head
