@@ -57,6 +57,81 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// Two clients of `url`.
+pub async fn two_clients(url: &str) -> (fenced::Client, fenced::Client) {
+    let a = fenced::Client::connect(url).await.unwrap();
+    let b = fenced::Client::connect(url).await.unwrap();
+    (a, b)
+}
+
+/// `client`'s mutex `name`, acquired with the fixed `lease` (no watchdog):
+/// what a holder that stops renewing looks like.
+pub async fn hold_fixed(
+    client: &fenced::Client,
+    name: &str,
+    lease: std::time::Duration,
+) -> fenced::Guard {
+    client
+        .mutex(name)
+        .unwrap()
+        .fixed_lease(lease)
+        .acquire()
+        .await
+        .unwrap()
+}
+
+/// `client`'s mutex `name`, acquired (waiting as long as it takes) with
+/// `lease`, renewed by the watchdog.
+pub async fn hold(
+    client: &fenced::Client,
+    name: &str,
+    lease: std::time::Duration,
+) -> fenced::Guard {
+    client
+        .mutex(name)
+        .unwrap()
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap()
+}
+
+/// Each of `suffixes` after `base` makes a URL that `Client::connect`
+/// refuses as bad input.
+pub async fn refuses_urls(base: &str, suffixes: &[&str]) {
+    for bad in suffixes {
+        let e = fenced::Client::connect(&format!("{base}{bad}"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), fenced::ErrorKind::InvalidInput, "{bad}: {e}");
+    }
+}
+
+/// Each of `names` is a lock and a register of its own, whatever quotes,
+/// SQL or script it holds: held (and shown held), written, read back and
+/// released, byte for byte.
+pub async fn names_stay_data(c: &fenced::Client, names: &[&str]) {
+    for name in names {
+        let g = c.mutex(name).unwrap().try_acquire().await.unwrap().unwrap();
+        assert_eq!(c.status(name).await.unwrap().holders.len(), 1, "{name}");
+        let r = c.register(name).unwrap();
+        r.write(&g, name).await.unwrap();
+        assert_eq!(r.read().await.unwrap().unwrap().0, name.as_bytes());
+        assert!(g.release().await.unwrap(), "{name}");
+    }
+}
+
+/// The error of one try at a fresh name (`prefix`) through `c` that may
+/// not retry: what a caller meets when the backend cannot answer.
+pub async fn fails_at_once(c: &fenced::Client, prefix: &str) -> fenced::Error {
+    c.mutex(&unique(prefix))
+        .unwrap()
+        .retry(fenced::RetryPolicy::Never)
+        .try_acquire()
+        .await
+        .unwrap_err()
+}
+
 /// What the fault tests of a server topology start from: two clients of
 /// `url`, and the first holding a fresh name (`prefix`) at the default
 /// lease (30 s, renewed), as a user's would: a hold that must survive a
@@ -66,8 +141,7 @@ pub async fn one_holds(
     url: &str,
     prefix: &str,
 ) -> (fenced::Client, fenced::Client, String, fenced::Guard) {
-    let a = fenced::Client::connect(url).await.unwrap();
-    let b = fenced::Client::connect(url).await.unwrap();
+    let (a, b) = two_clients(url).await;
     let name = unique(prefix);
     let g = a.mutex(&name).unwrap().acquire().await.unwrap();
     (a, b, name, g)
@@ -260,6 +334,11 @@ impl Fixture {
         Client::connect(&self.url)
             .await
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url))
+    }
+
+    /// Two new clients of the backend.
+    pub async fn two_clients(&self) -> (Client, Client) {
+        (self.client().await, self.client().await)
     }
 
     fn servers(&self) -> std::sync::MutexGuard<'_, Servers> {

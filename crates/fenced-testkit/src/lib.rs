@@ -15,7 +15,10 @@ pub mod servers;
 mod timing;
 pub mod torture;
 
-pub use fixture::{Fixture, Isolated, one_holds, two_holds_in_turn, unique};
+pub use fixture::{
+    Fixture, Isolated, fails_at_once, hold, hold_fixed, names_stay_data, one_holds, refuses_urls,
+    two_clients, two_holds_in_turn, unique,
+};
 pub use timing::Timing;
 
 /// Instantiates the conformance suite for one backend: every lock-contract

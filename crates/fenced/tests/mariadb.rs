@@ -14,18 +14,9 @@ use fenced_testkit::{Timing, unique};
 async fn holds_survive_killed_connections() {
     let t = Timing::default();
     let server = MariaDb::start();
-    let (a, b) = (
-        Client::connect(&server.url()).await.unwrap(),
-        Client::connect(&server.url()).await.unwrap(),
-    );
+    let (a, b) = fenced_testkit::two_clients(&server.url()).await;
     let name = unique("mdbkill");
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .lease(t.ms(3000))
-        .acquire()
-        .await
-        .unwrap();
+    let g = fenced_testkit::hold(&a, &name, t.ms(3000)).await;
     let ids = server.sql(
         "SELECT GROUP_CONCAT(id) FROM information_schema.processlist \
          WHERE user = 'root' AND id <> CONNECTION_ID()",
@@ -56,18 +47,16 @@ async fn holds_survive_killed_connections() {
 async fn names_are_exact_data() {
     let server = MariaDb::start();
     let c = Client::connect(&server.url()).await.unwrap();
-    for name in [
-        "x'); DROP TABLE fenced_holds; --",
-        "a\" OR 1=1 --",
-        "\\' ; `",
-        "naïve ключ 🔒",
-    ] {
-        let g = c.mutex(name).unwrap().try_acquire().await.unwrap().unwrap();
-        let r = c.register(name).unwrap();
-        r.write(&g, name).await.unwrap();
-        assert_eq!(r.read().await.unwrap().unwrap().0, name.as_bytes());
-        assert!(g.release().await.unwrap(), "{name}");
-    }
+    fenced_testkit::names_stay_data(
+        &c,
+        &[
+            "x'); DROP TABLE fenced_holds; --",
+            "a\" OR 1=1 --",
+            "\\' ; `",
+            "naïve ключ 🔒",
+        ],
+    )
+    .await;
     let upper = c
         .mutex("Case")
         .unwrap()

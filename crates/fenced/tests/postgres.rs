@@ -24,18 +24,9 @@ async fn still_held_after_restart(t: &Timing, b: &Client, name: &str, why: &str)
 async fn holds_survive_killed_connections_and_a_restart() {
     let t = Timing::default();
     let mut server = PgServer::start();
-    let (a, b) = (
-        Client::connect(&server.url()).await.unwrap(),
-        Client::connect(&server.url()).await.unwrap(),
-    );
+    let (a, b) = fenced_testkit::two_clients(&server.url()).await;
     let name = unique("pgkill");
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .lease(t.ms(3000))
-        .acquire()
-        .await
-        .unwrap();
+    let g = fenced_testkit::hold(&a, &name, t.ms(3000)).await;
     let killed = server.sql(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
          WHERE pid <> pg_backend_pid() AND datname = 'postgres'",
@@ -67,19 +58,16 @@ async fn holds_survive_killed_connections_and_a_restart() {
 async fn injection_shaped_names_stay_data() {
     let server = PgServer::start();
     let c = Client::connect(&server.url()).await.unwrap();
-    for name in [
-        "x'); DROP TABLE fenced_holds; --",
-        "a\" OR 1=1 --",
-        "$1 $$ \\ ' ;",
-        "naïve ключ 🔒",
-    ] {
-        let g = c.mutex(name).unwrap().try_acquire().await.unwrap().unwrap();
-        assert_eq!(c.status(name).await.unwrap().holders.len(), 1, "{name}");
-        let r = c.register(name).unwrap();
-        r.write(&g, name).await.unwrap();
-        assert_eq!(r.read().await.unwrap().unwrap().0, name.as_bytes());
-        assert!(g.release().await.unwrap(), "{name}");
-    }
+    fenced_testkit::names_stay_data(
+        &c,
+        &[
+            "x'); DROP TABLE fenced_holds; --",
+            "a\" OR 1=1 --",
+            "$1 $$ \\ ' ;",
+            "naïve ключ 🔒",
+        ],
+    )
+    .await;
     assert_eq!(server.sql("SELECT count(*) FROM fenced_holds"), "0");
     assert_eq!(server.sql("SELECT count(*) FROM fenced_locks"), "4");
 }
@@ -114,18 +102,9 @@ async fn advisory_session_killed_fires_the_lost_signal() {
     let t = Timing::default();
     let server = PgServer::start();
     let url = format!("{}?mode=advisory", server.url());
-    let (a, b) = (
-        Client::connect(&url).await.unwrap(),
-        Client::connect(&url).await.unwrap(),
-    );
+    let (a, b) = fenced_testkit::two_clients(&url).await;
     let name = unique("adv");
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .lease(t.ms(900))
-        .acquire()
-        .await
-        .unwrap();
+    let g = fenced_testkit::hold(&a, &name, t.ms(900)).await;
     let held = server.sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted");
     assert_eq!(held, "1");
     let killed = server.sql(
@@ -239,13 +218,7 @@ async fn grants_survive_a_crash_under_asynchronous_commit() {
     let (name, adv_name) = (unique("asynccommit"), unique("asynctoken"));
     let adv_guard = adv.mutex(&adv_name).unwrap().acquire().await.unwrap();
     let adv_token = adv_guard.fencing_token();
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .lease(t.ms(8000))
-        .acquire()
-        .await
-        .unwrap();
+    let g = fenced_testkit::hold(&a, &name, t.ms(8000)).await;
     server.kill();
     drop(adv_guard);
     server.restart();

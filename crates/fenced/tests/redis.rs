@@ -69,10 +69,7 @@ async fn redis_py_lock_and_fenced_exclude_each_other() {
 async fn a_release_wakes_the_queue_head_on_its_clients_channel() {
     let t = Timing::default();
     let server = RedisServer::start();
-    let (holder, waiter) = (
-        Client::connect(&server.url()).await.unwrap(),
-        Client::connect(&server.url()).await.unwrap(),
-    );
+    let (holder, waiter) = fenced_testkit::two_clients(&server.url()).await;
     let name = unique("head");
     let who_waits = waiter.id().to_owned();
     let channel = format!("redisson_lock__channel:{{{name}}}");
@@ -132,10 +129,7 @@ async fn waits_of_one_client_share_its_channels() {
     const WAITERS: usize = 50;
     let t = Timing::default();
     let server = RedisServer::start();
-    let (holder, waiter) = (
-        Client::connect(&server.url()).await.unwrap(),
-        Client::connect(&server.url()).await.unwrap(),
-    );
+    let (holder, waiter) = fenced_testkit::two_clients(&server.url()).await;
     let name = unique("manywaits");
     let g = holder.mutex(&name).unwrap().acquire().await.unwrap();
     let tasks: Vec<_> = (0..WAITERS)
@@ -261,18 +255,9 @@ async fn redisson_layout_on_the_wire() {
 async fn redlock_stays_exclusive_with_a_master_down() {
     let t = Timing::default();
     let mut masters = RedisMasters::start(3);
-    let (a, b) = (
-        Client::connect(&masters.url()).await.unwrap(),
-        Client::connect(&masters.url()).await.unwrap(),
-    );
+    let (a, b) = fenced_testkit::two_clients(&masters.url()).await;
     let name = unique("rl");
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .lease(t.ms(600))
-        .acquire()
-        .await
-        .unwrap();
+    let g = fenced_testkit::hold(&a, &name, t.ms(600)).await;
     let first = g.fencing_token();
     masters.servers[0].kill();
     let lock_b = b.mutex(&name).unwrap().retry(RetryPolicy::Never);
@@ -293,13 +278,7 @@ async fn redlock_stays_exclusive_with_a_master_down() {
         .expect("granted by the two masters left");
     assert!(g2.fencing_token() > first);
     masters.servers[1].kill();
-    let e = b
-        .mutex(&unique("rl2"))
-        .unwrap()
-        .retry(RetryPolicy::Never)
-        .try_acquire()
-        .await
-        .unwrap_err();
+    let e = fenced_testkit::fails_at_once(&b, "rl2").await;
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(e.to_string().contains("majority"), "{e}");
 }
@@ -313,10 +292,7 @@ async fn sentinel_failover_what_is_kept_and_what_is_lost() {
     let t = Timing::default();
     let mut group = RedisSentinel::start();
     let url = group.url();
-    let (a, b) = (
-        Client::connect(&url).await.unwrap(),
-        Client::connect(&url).await.unwrap(),
-    );
+    let (a, b) = fenced_testkit::two_clients(&url).await;
     let kept = unique("kept");
     let g = a.mutex(&kept).unwrap().acquire().await.unwrap();
     let old = group.master_port().unwrap();
@@ -382,13 +358,7 @@ async fn sentinel_failover_what_is_kept_and_what_is_lost() {
     // Cut the replication links too: bytes already in a stopped replica's
     // socket would still reach it when it resumes.
     fenced_testkit::servers::redis::cmd_at(master, &["CLIENT", "KILL", "TYPE", "replica"]).unwrap();
-    let e = careful
-        .mutex(&unique("careful"))
-        .unwrap()
-        .retry(RetryPolicy::Never)
-        .try_acquire()
-        .await
-        .unwrap_err();
+    let e = fenced_testkit::fails_at_once(&careful, "careful").await;
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(e.to_string().contains("replicas"), "{e}");
     let lost = unique("lost");
@@ -688,24 +658,12 @@ async fn waiting_for_replicas_does_not_stall_renewals() {
     let group = RedisSentinel::start();
     let url = format!("{}?min_replicas=1&wait_timeout=1s", group.url());
     let c = Client::connect(&url).await.unwrap();
-    let held = c
-        .mutex(&unique("short"))
-        .unwrap()
-        .lease(t.ms(600))
-        .acquire()
-        .await
-        .unwrap();
+    let held = fenced_testkit::hold(&c, &unique("short"), t.ms(600)).await;
     for n in &group.nodes[1..] {
         n.process().unwrap().signal(Signal::SIGSTOP);
     }
     for _ in 0..3 {
-        let e = c
-            .mutex(&unique("waits"))
-            .unwrap()
-            .retry(RetryPolicy::Never)
-            .try_acquire()
-            .await
-            .unwrap_err();
+        let e = fenced_testkit::fails_at_once(&c, "waits").await;
         assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
         assert!(
             held.is_held(),

@@ -120,7 +120,7 @@ pub async fn partitioned_holder_is_told_first(fx: &Fixture) {
 pub async fn killed_session_is_reported(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("killsess");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     let g = a.mutex(&name).unwrap().acquire().await.unwrap();
     fx.kill_session(&name)
         .expect("this backend's holds live on a session");
@@ -237,7 +237,7 @@ async fn warm_up(c: &fenced::Client, name: &str) {
 pub async fn cancelled_acquires_leave_nothing(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("storm");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     for held in [true, false] {
         let holder = if held {
             Some(a.mutex(&name).unwrap().acquire().await.unwrap())
@@ -281,7 +281,7 @@ pub async fn cancelled_acquires_leave_nothing(fx: &Fixture) {
 pub async fn cancelled_reads_beside_own_write_leave_nothing(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("storm-rw");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     let me = Owner::new();
     let rw = a.rwlock(&name).unwrap();
     let w = rw.write().owner(&me).acquire().await.unwrap();

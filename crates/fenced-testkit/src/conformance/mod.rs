@@ -144,14 +144,8 @@ pub async fn mutual_exclusion_tasks(fx: &Fixture) {
 pub async fn owner_only_release(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("own");
-    let (a, b) = (fx.client().await, fx.client().await);
-    let old = a
-        .mutex(&name)
-        .unwrap()
-        .fixed_lease(t.ms(200))
-        .acquire()
-        .await
-        .unwrap();
+    let (a, b) = fx.two_clients().await;
+    let old = crate::hold_fixed(&a, &name, t.ms(200)).await;
     let new = b
         .mutex(&name)
         .unwrap()
@@ -174,13 +168,7 @@ pub async fn owner_only_release(fx: &Fixture) {
     // A renewal from a holder whose hold was taken away is stale: it finds
     // the hold gone (the lost signal fires) and touches the new holder's
     // in nothing.
-    let old = a
-        .mutex(&name)
-        .unwrap()
-        .lease(t.ms(600))
-        .acquire()
-        .await
-        .unwrap();
+    let old = crate::hold(&a, &name, t.ms(600)).await;
     assert_eq!(b.mutex(&name).unwrap().force_unlock().await.unwrap(), 1);
     let new = b
         .mutex(&name)
@@ -206,7 +194,7 @@ pub async fn owner_only_release(fx: &Fixture) {
 /// The same owner nests; the lock is free only when the count falls to zero.
 pub async fn reentrancy_counts(fx: &Fixture) {
     let name = unique("re");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     let me = Owner::new();
     let lock = a.mutex(&name).unwrap().owner(&me);
     let outer = lock.acquire().await.unwrap();
@@ -299,14 +287,8 @@ pub async fn tasks_of_one_client_exclude(fx: &Fixture) {
 pub async fn lease_expiry_frees_dead_holder(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("dead");
-    let (a, b) = (fx.client().await, fx.client().await);
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .fixed_lease(t.ms(300))
-        .acquire()
-        .await
-        .unwrap();
+    let (a, b) = fx.two_clients().await;
+    let g = crate::hold_fixed(&a, &name, t.ms(300)).await;
     std::mem::forget(g); // never released
     let got = b
         .mutex(&name)
@@ -321,15 +303,9 @@ pub async fn lease_expiry_frees_dead_holder(fx: &Fixture) {
 pub async fn watchdog_keeps_slow_holder(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("wd");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     let lease = t.ms(300);
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .lease(lease)
-        .acquire()
-        .await
-        .unwrap();
+    let g = crate::hold(&a, &name, lease).await;
     let rival = b.mutex(&name).unwrap();
     for _ in 0..6 {
         tokio::time::sleep(lease / 2).await;
@@ -382,14 +358,8 @@ async fn tokens_rise(fx: &Fixture, with_read: bool) {
 pub async fn lost_signal_when_taken(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("lost");
-    let (a, b) = (fx.client().await, fx.client().await);
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .lease(t.ms(300))
-        .acquire()
-        .await
-        .unwrap();
+    let (a, b) = fx.two_clients().await;
+    let g = crate::hold(&a, &name, t.ms(300)).await;
     let reg = a.register(&format!("{name}:reg")).unwrap();
     reg.write(&g, "1").await.unwrap();
     assert_eq!(b.mutex(&name).unwrap().force_unlock().await.unwrap(), 1);
@@ -411,13 +381,7 @@ pub async fn lost_signal_when_lease_ends(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("fixed");
     let a = fx.client().await;
-    let g = a
-        .mutex(&name)
-        .unwrap()
-        .fixed_lease(t.ms(200))
-        .acquire()
-        .await
-        .unwrap();
+    let g = crate::hold_fixed(&a, &name, t.ms(200)).await;
     assert!(g.is_held());
     let reason = timeout(t.eventually(), g.lost())
         .await
@@ -431,7 +395,7 @@ pub async fn lost_signal_when_lease_ends(fx: &Fixture) {
 pub async fn try_and_timeout(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("try");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     let g = a.mutex(&name).unwrap().acquire().await.unwrap();
     let lock = b.mutex(&name).unwrap();
     assert!(lock.try_acquire().await.unwrap().is_none());
@@ -459,7 +423,7 @@ pub async fn try_and_timeout(fx: &Fixture) {
 pub async fn waiter_is_woken_by_release(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("wake");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     let g = a.mutex(&name).unwrap().acquire().await.unwrap();
     let lock = b.mutex(&name).unwrap();
     let waiter = tokio::spawn(async move { lock.acquire().await.map(|g| g.fencing_token()) });
@@ -487,7 +451,7 @@ pub async fn waiter_is_woken_by_release(fx: &Fixture) {
 pub async fn close_tells_live_guards(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("close");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     let g = a.mutex(&name).unwrap().acquire().await.unwrap();
     let lost = g.lost();
     a.close().await;
@@ -533,7 +497,7 @@ async fn another_takes_it(
 pub async fn dropped_guard_releases(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("drop");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     drop(a.mutex(&name).unwrap().acquire().await.unwrap());
     let g = b
         .mutex(&name)
@@ -718,7 +682,7 @@ pub async fn semaphore_is_refused(fx: &Fixture) {
 /// not upgrade (the last two are for a named owner).
 pub async fn readers_share_writers_exclude(fx: &Fixture) {
     let name = unique("rw");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     let rw_a = a.rwlock(&name).unwrap();
     let rw_b = b.rwlock(&name).unwrap();
     let me = Owner::new();
@@ -884,7 +848,7 @@ pub async fn semaphore_never_exceeds_permits(fx: &Fixture) {
 /// clients lose no update.
 pub async fn versioned_values_lose_no_update(fx: &Fixture) {
     let name = unique("ver");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     let va = a.versioned(&name).unwrap();
     assert_eq!(va.read().await.unwrap(), None);
     assert!(
@@ -975,7 +939,7 @@ pub async fn fenced_register_rejects_stale_tokens(fx: &Fixture) {
 pub async fn multilock_is_all_or_nothing(fx: &Fixture) {
     let t = Timing::default();
     let (x, y) = (unique("mlx"), unique("mly"));
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     let held_y = b.mutex(&y).unwrap().acquire().await.unwrap();
     let multi = MultiLock::new([a.mutex(&y).unwrap(), a.mutex(&x).unwrap()]);
     assert!(multi.try_acquire().await.unwrap().is_none());
@@ -995,7 +959,7 @@ pub async fn multilock_is_all_or_nothing(fx: &Fixture) {
 /// Segments of a striped lock are independent locks.
 pub async fn striped_segments_are_independent(fx: &Fixture) {
     let name = unique("stripe");
-    let (a, b) = (fx.client().await, fx.client().await);
+    let (a, b) = fx.two_clients().await;
     let sa = a.striped(&name, 4).unwrap();
     let sb = b.striped(&name, 4).unwrap();
     let g0 = sa.segment(0).unwrap().acquire().await.unwrap();

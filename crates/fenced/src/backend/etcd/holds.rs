@@ -120,20 +120,7 @@ impl LockBackend for EtcdBackend {
     fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let inner = &self.inner;
-            let prefix = prefix_of(name)?;
-            let mut etcd = inner.etcd.clone();
-            let got = etcd
-                .get(
-                    prefix,
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_sort(SortTarget::Create, SortOrder::Ascend),
-                    ),
-                )
-                .await
-                .map_err(|e| inner.err(e))?;
-            let kvs = own_level(&prefix_of(name)?, got.kvs().to_vec());
+            let kvs = inner.queue_of(name).await?;
             // The holders only: waiters keep their places.
             let holders: Vec<&KeyValue> = kvs
                 .iter()
@@ -148,6 +135,7 @@ impl LockBackend for EtcdBackend {
                 .map(|kv| TxnOp::delete(kv.key().to_vec(), None))
                 .collect();
             ops.push(record_token(name, top));
+            let mut etcd = inner.etcd.clone();
             etcd.txn(Txn::new().and_then(ops))
                 .await
                 .map_err(|e| inner.err(e))?;

@@ -30,15 +30,29 @@ pub(super) fn own_level(prefix: &[u8], mut kvs: Vec<KeyValue>) -> Vec<KeyValue> 
     kvs
 }
 
+/// Every key under a prefix, oldest first: a lock's queue.
+fn in_creation_order() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+}
+
 pub(super) fn queue_get(prefix: &[u8]) -> TxnOp {
-    TxnOp::get(
-        prefix.to_vec(),
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend),
-        ),
-    )
+    TxnOp::get(prefix.to_vec(), Some(in_creation_order()))
+}
+
+impl EtcdShared {
+    /// The queue of `name` (its own level: not a nested lock's keys),
+    /// oldest first.
+    pub(super) async fn queue_of(&self, name: &LockName) -> Result<Vec<KeyValue>> {
+        let prefix = prefix_of(name)?;
+        let mut etcd = self.etcd.clone();
+        let got = etcd
+            .get(prefix.clone(), Some(in_creation_order()))
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(own_level(&prefix, got.kvs().to_vec()))
+    }
 }
 
 pub(super) fn token_key(name: &LockName) -> Vec<u8> {

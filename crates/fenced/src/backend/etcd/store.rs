@@ -54,22 +54,8 @@ impl ElectionLayout for EtcdBackend {
 
     fn leader<'a>(&'a self, name: &'a LockName) -> Reply<'a, crate::spi::LeaderValue> {
         Box::pin(async move {
-            let inner = &self.inner;
-            let mut etcd = inner.etcd.clone();
-            let prefix = prefix_of(name)?;
             // No limit: a nested lock's keys may come first, and are not this one's.
-            let got = etcd
-                .get(
-                    prefix.clone(),
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_sort(SortTarget::Create, SortOrder::Ascend),
-                    ),
-                )
-                .await
-                .map_err(|e| inner.err(e))?;
-            let kvs = own_level(&prefix, got.kvs().to_vec());
+            let kvs = self.inner.queue_of(name).await?;
             Ok(kvs
                 .first()
                 .map(|kv| (kv.value().to_vec(), kv.create_revision() as u64)))

@@ -129,12 +129,13 @@ impl SqlUrl {
 }
 
 /// The fenced register `name` of a lease table, read by `sql` (binding
-/// the name; its columns `value` and `fence`).
+/// the name; its columns `value` and `fence`), its errors told by `err`.
 pub(crate) async fn read_register<DB>(
     pool: &sqlx::Pool<DB>,
     sql: &'static str,
     name: &crate::name::LockName,
-) -> Result<crate::spi::RegisterValue, sqlx::Error>
+    err: impl Fn(sqlx::Error) -> crate::error::Error,
+) -> crate::error::Result<crate::spi::RegisterValue>
 where
     DB: sqlx::Database,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -148,9 +149,11 @@ where
     let row = sqlx::query(sql)
         .bind(name.as_str())
         .fetch_optional(pool)
-        .await?;
+        .await
+        .map_err(&err)?;
     row.map(|r| Ok((r.try_get("value")?, r.try_get::<i64, _>("fence")? as u64)))
         .transpose()
+        .map_err(err)
 }
 
 /// A status query's `waiters` and `token` (the last issued) columns.

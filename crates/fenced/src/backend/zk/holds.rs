@@ -86,21 +86,11 @@ impl LockBackend for ZkBackend {
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let inner = &self.inner;
-            let dir = ZkShared::path_of(name)?;
-            let z = inner.client();
-            let children = match z.list_children(&dir).await {
-                Ok(c) => c,
-                Err(zk::Error::NoNode) => Vec::new(),
-                Err(e) => return Err(inner.err(e)),
-            };
-            let q = queue(children);
-            let owners: Vec<Option<String>> =
-                q.iter().map(|(c, _)| inner.owner_of(name, c)).collect();
-            let view: Vec<(&[u8], Mode)> = q.iter().map(|(c, m)| (c.as_bytes(), *m)).collect();
+            let (z, Queue { dir, q, owners }) = (inner.client(), inner.queue_of(name).await?);
             let mut last_token = inner.meta_get(TOKENS, name).await?.map_or(0, |(_, f, _)| f);
             let mut holders = Vec::new();
             let mut waiters = 0;
-            for ((i, (child, mode)), granted) in q.iter().enumerate().zip(grants(&view, &owners)) {
+            for ((i, (child, mode)), granted) in q.iter().enumerate().zip(grants_in(&q, &owners)) {
                 if !granted {
                     waiters += 1;
                     continue;
@@ -137,21 +127,11 @@ impl LockBackend for ZkBackend {
     fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let inner = &self.inner;
-            let dir = ZkShared::path_of(name)?;
-            let z = inner.client();
-            let children = match z.list_children(&dir).await {
-                Ok(c) => c,
-                Err(zk::Error::NoNode) => return Ok(0),
-                Err(e) => return Err(inner.err(e)),
-            };
-            let q = queue(children);
-            let owners: Vec<Option<String>> =
-                q.iter().map(|(c, _)| inner.owner_of(name, c)).collect();
-            let view: Vec<(&[u8], Mode)> = q.iter().map(|(c, m)| (c.as_bytes(), *m)).collect();
+            let (z, Queue { dir, q, owners }) = (inner.client(), inner.queue_of(name).await?);
             let mut dropped = 0;
             let mut top = 0;
             // The holders only: waiters keep their places.
-            for ((child, _), granted) in q.iter().zip(grants(&view, &owners)) {
+            for ((child, _), granted) in q.iter().zip(grants_in(&q, &owners)) {
                 if !granted {
                     continue;
                 }
@@ -182,4 +162,33 @@ impl LockBackend for ZkBackend {
             }
         })
     }
+}
+
+/// A lock's queue as status and force-release see it: its directory,
+/// its nodes in sequence order, and their owners where this client knows
+/// them.
+struct Queue {
+    dir: String,
+    q: Vec<(String, Mode)>,
+    owners: Vec<Option<String>>,
+}
+
+impl ZkShared {
+    async fn queue_of(&self, name: &LockName) -> Result<Queue> {
+        let dir = ZkShared::path_of(name)?;
+        let children = match self.client().list_children(&dir).await {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(self.err(e)),
+        };
+        let q = queue(children);
+        let owners = q.iter().map(|(c, _)| self.owner_of(name, c)).collect();
+        Ok(Queue { dir, q, owners })
+    }
+}
+
+/// Which nodes of the queue `q` hold the lock.
+fn grants_in(q: &[(String, Mode)], owners: &[Option<String>]) -> Vec<bool> {
+    let view: Vec<(&[u8], Mode)> = q.iter().map(|(c, m)| (c.as_bytes(), *m)).collect();
+    grants(&view, owners)
 }

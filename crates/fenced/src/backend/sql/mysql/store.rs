@@ -1,23 +1,16 @@
 //! Registers.
 
 use super::*;
+use crate::backend::sql::read_register;
 
 impl Store for MySqlBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
-        Box::pin(async move {
-            crate::backend::sql::read_register(&self.pool, REGISTER_READ, name)
-                .await
-                .map_err(|e| self.db(e))
-        })
+        let err = |e| self.db(e);
+        Box::pin(read_register(&self.pool, REGISTER_READ, name, err))
     }
 
     fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {
-        Box::pin(async move {
-            match write.rule {
-                WriteRule::Version(v) => self.swap_register(write, v).await,
-                _ => self.write_register(write).await,
-            }
-        })
+        Box::pin(self.write_register(write))
     }
 
     fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
@@ -53,9 +46,16 @@ impl Store for MySqlBackend {
 impl Backend for MySqlBackend {}
 
 impl MySqlBackend {
+    async fn write_register(&self, write: RegisterWrite<'_>) -> Result<bool> {
+        match write.rule {
+            WriteRule::Version(v) => self.swap_register(write, v).await,
+            _ => self.write_by_lock(write).await,
+        }
+    }
+
     /// A fenced or unfenced write: the row is locked, the rule decided on
     /// the fence read, then the row written, in one transaction.
-    async fn write_register(&self, write: RegisterWrite<'_>) -> Result<bool> {
+    async fn write_by_lock(&self, write: RegisterWrite<'_>) -> Result<bool> {
         if let WriteRule::Fence(f) = write.rule {
             crate::spi::codec::fence_i64(f)?;
         }

@@ -163,23 +163,16 @@ pub(super) const FORCE: &str = "WITH d AS (DELETE FROM fenced_holds WHERE name =
 pub(super) const REGISTER_READ: &str = "SELECT value, fence FROM fenced_registers WHERE name = $1";
 /// The register's writes (see [`RegisterSql`](super::super::RegisterSql)).
 pub(super) const REGISTER_SQL: super::super::RegisterSql = super::super::RegisterSql {
-    fenced: REGISTER_FENCED,
-    unfenced: REGISTER_UNFENCED,
-    create: REGISTER_CREATE,
-    swap: REGISTER_SWAP,
-};
-const REGISTER_FENCED: &str =
-    "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, $3)
+    fenced: "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, $3)
     ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence
-    WHERE fenced_registers.fence <= EXCLUDED.fence";
-const REGISTER_UNFENCED: &str =
-    "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, 0)
-    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value";
-const REGISTER_CREATE: &str = "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, 1)
+    WHERE fenced_registers.fence <= EXCLUDED.fence",
+    unfenced: "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, 0)
+    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+    create: "INSERT INTO fenced_registers (name, value, fence) VALUES ($1, $2, 1)
     ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, fence = 1
-    WHERE fenced_registers.fence = 0";
-const REGISTER_SWAP: &str =
-    "UPDATE fenced_registers SET value = $2, fence = fence + 1 WHERE name = $1 AND fence = $3";
+    WHERE fenced_registers.fence = 0",
+    swap: "UPDATE fenced_registers SET value = $2, fence = fence + 1 WHERE name = $1 AND fence = $3",
+};
 pub(super) const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
     SET value = convert_to((convert_from(value, 'UTF8')::bigint - $2)::text, 'UTF8')
     WHERE name = $1 AND convert_from(value, 'UTF8')::bigint >= $2

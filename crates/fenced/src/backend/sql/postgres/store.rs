@@ -1,14 +1,12 @@
 //! Registers.
 
 use super::*;
+use crate::backend::sql::read_register;
 
 impl Store for PgBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
-        Box::pin(async move {
-            crate::backend::sql::read_register(&self.pool, REGISTER_READ, name)
-                .await
-                .map_err(|e| self.db(e))
-        })
+        let err = |e| self.db(e);
+        Box::pin(read_register(&self.pool, REGISTER_READ, name, err))
     }
 
     fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {

@@ -67,23 +67,16 @@ pub(super) const REGISTER_READ: &str =
     "SELECT CAST(value AS BLOB) AS value, fence FROM fenced_registers WHERE name = ?1";
 /// The register's writes (see [`RegisterSql`](super::super::RegisterSql)).
 pub(super) const REGISTER_SQL: super::super::RegisterSql = super::super::RegisterSql {
-    fenced: REGISTER_FENCED,
-    unfenced: REGISTER_UNFENCED,
-    create: REGISTER_CREATE,
-    swap: REGISTER_SWAP,
-};
-const REGISTER_FENCED: &str =
-    "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, ?3)
+    fenced: "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, ?3)
     ON CONFLICT (name) DO UPDATE SET value = excluded.value, fence = excluded.fence
-    WHERE fenced_registers.fence <= excluded.fence";
-const REGISTER_UNFENCED: &str =
-    "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 0)
-    ON CONFLICT (name) DO UPDATE SET value = excluded.value";
-const REGISTER_CREATE: &str = "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 1)
+    WHERE fenced_registers.fence <= excluded.fence",
+    unfenced: "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 0)
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+    create: "INSERT INTO fenced_registers (name, value, fence) VALUES (?1, ?2, 1)
     ON CONFLICT (name) DO UPDATE SET value = excluded.value, fence = 1
-    WHERE fenced_registers.fence = 0";
-const REGISTER_SWAP: &str =
-    "UPDATE fenced_registers SET value = ?2, fence = fence + 1 WHERE name = ?1 AND fence = ?3";
+    WHERE fenced_registers.fence = 0",
+    swap: "UPDATE fenced_registers SET value = ?2, fence = fence + 1 WHERE name = ?1 AND fence = ?3",
+};
 pub(super) const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
     SET value = CAST(CAST(CAST(value AS INTEGER) - ?2 AS TEXT) AS BLOB)
     WHERE name = ?1 AND CAST(value AS INTEGER) >= ?2
