@@ -214,6 +214,22 @@ impl Fixture {
         }
     }
 
+    /// A SQL server's fixture: `query` (`?mode=advisory` or none) on its
+    /// `url`; `servers` keeps the server, told whether the mode is advisory.
+    fn with_query(
+        url: String,
+        query: &str,
+        fenced_bin: impl Into<PathBuf>,
+        servers: impl FnOnce(bool) -> Servers,
+    ) -> Fixture {
+        let advisory = query.contains("mode=advisory");
+        Fixture::with(
+            format!("{url}{query}"),
+            Some(fenced_bin.into()),
+            servers(advisory),
+        )
+    }
+
     /// A fresh `memory://` namespace.
     pub fn memory() -> Self {
         Fixture::with(
@@ -276,12 +292,9 @@ impl Fixture {
     /// A fresh PostgreSQL server, with `query` (e.g. `?mode=advisory`) on the URL.
     pub fn postgres_with(fenced_bin: impl Into<PathBuf>, query: &str) -> Self {
         let s = PgServer::start();
-        let advisory = query.contains("mode=advisory");
-        Fixture::with(
-            format!("{}{query}", s.url()),
-            Some(fenced_bin.into()),
-            Servers::Postgres(s, advisory),
-        )
+        Fixture::with_query(s.url(), query, fenced_bin, |advisory| {
+            Servers::Postgres(s, advisory)
+        })
     }
 
     /// A fresh MariaDB server.
@@ -292,12 +305,9 @@ impl Fixture {
     /// A fresh MariaDB server, with URL options (`?mode=advisory`).
     pub fn mariadb_with(fenced_bin: impl Into<PathBuf>, query: &str) -> Self {
         let s = MariaDb::start();
-        let advisory = query.contains("mode=advisory");
-        Fixture::with(
-            format!("{}{query}", s.url()),
-            Some(fenced_bin.into()),
-            Servers::Mariadb(s, advisory),
-        )
+        Fixture::with_query(s.url(), query, fenced_bin, |advisory| {
+            Servers::Mariadb(s, advisory)
+        })
     }
 
     /// A fresh etcd of `members` members, at the client's default

@@ -40,20 +40,23 @@ pub use timing::Timing;
 /// | `pause` | a `fenced run` holder paused (SIGSTOP) past its session |
 ///
 /// The groups a backend cannot run are listed under `skip`, each with
-/// its reason (a string, or one of the reasons many backends share:
-/// `no_network`, `lease_held`, `lease_frees_paused`, `run_cut_off_in_process`,
-/// `one_server`, `several_servers`; and `one_lease_server: all` for the
-/// four groups a lease on one server cannot run: `session`, `run_cut_off`,
-/// `leader`, `pause`; `redis_failover: all` for what Sentinel and Cluster
-/// fixtures leave to others, both also written `skip(one_lease_server)`);
-/// their tests show as skipped. `lease_server` in place of the groups
-/// names what a lease table on one server runs: every group but those
-/// four.
-/// (`#[ignore]`) rather than vanish.
+/// its reason: a string, or a name for a reason many backends share
+/// (`no_network`, `lease_held`, `lease_frees_paused`,
+/// `run_cut_off_in_process`, `one_server`, `several_servers`). Their
+/// tests show as skipped (`#[ignore]`, with the reason) rather than
+/// vanish. Two names stand for several groups at once:
+/// `one_lease_server: all` skips the four groups a lease on one server
+/// cannot run (`session`, `run_cut_off`, `leader`, `pause`), and
+/// `redis_failover: all` what the Sentinel and Cluster fixtures leave to
+/// others; either may be written `skip(one_lease_server)`. And
+/// `lease_server`, in place of the groups, is what a lease table on one
+/// server runs: every group but those four.
 ///
 /// ```text
 /// fenced_testkit::conformance_suite!(sqlite, Fixture::sqlite(bin), [core, rw, permits, fair, processes],
-///     skip { network: no_network, leader: "one file: no leader" });
+///     skip { network: no_network, session: lease_held, restart: "a file has no server",
+///            run_cut_off: no_network, leader: "one file: no leader", pause: lease_frees_paused });
+/// fenced_testkit::conformance_suite!(postgres, Fixture::postgres(bin), lease_server);
 /// ```
 ///
 /// The calling crate must depend on `tokio` (with `macros` and `rt-multi-thread`).

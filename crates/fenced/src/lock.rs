@@ -312,7 +312,7 @@ impl RwLock {
 /// The methods a thin primitive type (a struct with a `lock: Lock` field)
 /// passes to the [`Lock`] under it: the builder options, acquiring,
 /// status, and the way back to a `Lock`. `$what` names the primitive in
-/// the docs, `$held` what an acquisition holds.
+/// the docs, `$held` what an acquisition holds, with its verb.
 macro_rules! thin_lock {
     ($what:literal, $held:literal) => {
         crate::lock::thin_lock!(@options
@@ -325,7 +325,7 @@ macro_rules! thin_lock {
             owner(owner: &crate::Owner),
         );
 
-        #[doc = concat!("Waits until the ", $held, " is held (see [`Lock::acquire`](crate::Lock::acquire)).")]
+        #[doc = concat!("Waits until ", $held, " held (see [`Lock::acquire`](crate::Lock::acquire)).")]
         ///
         /// # Cancel safety
         /// Dropping the future leaves nothing behind (see [`Lock::acquire`](crate::Lock::acquire)).
@@ -333,12 +333,12 @@ macro_rules! thin_lock {
             self.lock.acquire().await
         }
 
-        #[doc = concat!("Takes the ", $held, " if free now; `Ok(None)` if not (see [`Lock::try_acquire`](crate::Lock::try_acquire)).")]
+        #[doc = concat!("Acquires if ", $held, " free now; `Ok(None)` if not (see [`Lock::try_acquire`](crate::Lock::try_acquire)).")]
         pub async fn try_acquire(&self) -> crate::Result<Option<crate::Guard>> {
             self.lock.try_acquire().await
         }
 
-        #[doc = concat!("Waits up to `wait` for the ", $held, " (see [`Lock::acquire_timeout`](crate::Lock::acquire_timeout)).")]
+        #[doc = concat!("Waits up to `wait` until ", $held, " held; `Ok(None)` if not in time (see [`Lock::acquire_timeout`](crate::Lock::acquire_timeout)).")]
         pub async fn acquire_timeout(
             &self,
             wait: std::time::Duration,

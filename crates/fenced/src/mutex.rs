@@ -40,7 +40,7 @@ impl Mutex {
         Mutex { lock }
     }
 
-    crate::lock::thin_lock!("mutex", "lock");
+    crate::lock::thin_lock!("mutex", "the lock is");
 }
 
 impl From<Mutex> for Lock {

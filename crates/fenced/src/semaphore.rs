@@ -46,7 +46,7 @@ impl Semaphore {
         self.lock.mode.permits().1
     }
 
-    crate::lock::thin_lock!("semaphore", "permits");
+    crate::lock::thin_lock!("semaphore", "the permits are");
 }
 
 impl From<Semaphore> for Lock {

@@ -855,6 +855,11 @@ pub async fn versioned_values_lose_no_update(fx: &Fixture) {
         !va.compare_and_set(3, "x").await.unwrap(),
         "a version that never was"
     );
+    assert_eq!(
+        va.read().await.unwrap(),
+        None,
+        "a refused compare-and-set leaves nothing behind"
+    );
     assert!(va.compare_and_set(0, "0").await.unwrap());
     assert!(
         !b.versioned(&name)

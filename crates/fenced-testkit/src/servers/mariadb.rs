@@ -27,20 +27,16 @@ fn template() -> PathBuf {
         .tempdir()
         .expect("a temp dir for mariadb-install-db");
     let data = tmp.path().join("data");
-    let out = Command::new(install)
-        .arg("--no-defaults")
-        .arg(format!("--datadir={}", data.display()))
-        .args([
-            "--user=root",
-            "--auth-root-authentication-method=normal",
-            "--skip-test-db",
-        ])
-        .output()
-        .expect("run mariadb-install-db");
-    assert!(
-        out.status.success(),
-        "mariadb-install-db failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    super::output_of(
+        Command::new(install)
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .args([
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ]),
+        "mariadb-install-db",
     );
     if std::fs::rename(&data, &dir).is_err() {
         assert!(
@@ -151,28 +147,12 @@ impl MariaDb {
     /// Runs SQL with the `mariadb` client and returns its output.
     pub fn sql(&self, sql: &str) -> String {
         let client = require("mariadb", "mariadb-client", &[]);
-        let out = Command::new(client)
-            .args([
-                "--no-defaults",
-                "-h",
-                "127.0.0.1",
-                "-u",
-                "root",
-                "-N",
-                "-B",
-                "-D",
-                "mysql",
-            ])
+        let mut cmd = Command::new(client);
+        cmd.args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
+            .args(["-N", "-B", "-D", "mysql"])
             .arg(format!("-P{}", self.port))
             .arg("-e")
-            .arg(sql)
-            .output()
-            .expect("run mariadb");
-        assert!(
-            out.status.success(),
-            "mariadb: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+            .arg(sql);
+        super::output_of(&mut cmd, "mariadb")
     }
 }

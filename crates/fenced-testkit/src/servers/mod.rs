@@ -172,6 +172,18 @@ impl Drop for Server {
 
 /// Calls `launch` until it succeeds (a stopped server's port may linger
 /// for a moment), up to 5 s; panics with the last error naming `what`.
+/// Runs `cmd` (`what`, for the message) to its end; its output, trimmed.
+/// Panics with its error output if it fails.
+pub(crate) fn output_of(cmd: &mut Command, what: &str) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 pub(crate) fn relaunch(what: &str, mut launch: impl FnMut() -> Result<(), String>) {
     let mut last = String::new();
     for _ in 0..50 {

@@ -101,12 +101,7 @@ fn template() -> PathBuf {
         "--locale=C.UTF-8",
     ]);
     as_server_user(&mut cmd);
-    let out = cmd.output().expect("run initdb");
-    assert!(
-        out.status.success(),
-        "initdb failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    super::output_of(&mut cmd, "initdb");
     // Another process may have won the race: then use its template.
     if std::fs::rename(&data, &dir).is_err() {
         assert!(
@@ -198,19 +193,12 @@ impl PgServer {
     /// (unaligned, tuples only).
     pub fn sql(&self, sql: &str) -> String {
         let psql = require("psql", "postgresql-client", &[]);
-        let out = Command::new(psql)
-            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
+        let mut cmd = Command::new(psql);
+        cmd.args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
             .arg(self.url())
             .arg("-c")
-            .arg(sql)
-            .output()
-            .expect("run psql");
-        assert!(
-            out.status.success(),
-            "psql: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+            .arg(sql);
+        super::output_of(&mut cmd, "psql")
     }
 
     /// The server process, while it runs.

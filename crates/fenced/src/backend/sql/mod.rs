@@ -252,6 +252,49 @@ pub(crate) async fn still_there<C: sqlx::Connection>(
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 const STALE_AFTER: Duration = Duration::from_secs(10);
 
+/// A duration in whole milliseconds, as the lease tables count.
+pub(crate) fn ms(d: std::time::Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+/// The one-round-trip grant (`sql`, the backend's call of its
+/// `fenced_try_grant`): the token of a grant, or `None` when the full
+/// transaction must decide. The lease is bound as `lease` (milliseconds,
+/// in the type the engine's function takes). A busy lock so costs one
+/// round trip more than before; answering "busy" here instead measured
+/// slower on PostgreSQL's S2 (397–430 against 463–475 acquisitions/s in
+/// alternating runs; why, I have not found), and S2 with this version is
+/// unchanged (436–514 against 456–535/s).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn call_try_grant<DB, L>(
+    pool: &sqlx::Pool<DB>,
+    sql: &'static str,
+    req: &Attempt,
+    lease: L,
+) -> Result<Option<i64>, sqlx::Error>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i16: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i32: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    L: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB> + Send + 'static,
+    (Option<i64>,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let (take, max) = req.mode.permits();
+    sqlx::query_scalar(sql)
+        .bind(req.name.as_str())
+        .bind(req.hold_id.as_str())
+        .bind(req.owner_key.as_str())
+        .bind(req.mode.code() as i16)
+        .bind(take as i32)
+        .bind(max as i32)
+        .bind(lease)
+        .fetch_one(pool)
+        .await
+}
+
 /// A server lease table's attempt: the one-round-trip grant
 /// (`fenced_try_grant`, a function each backend creates with its tables)
 /// for an unfair, unqueued acquire while the function is usable, else the

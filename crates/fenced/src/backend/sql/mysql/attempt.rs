@@ -14,29 +14,10 @@ impl MySqlBackend {
             }
             Ok(o)
         };
-        let fast = self.call_try_grant(req);
+        let fast = crate::backend::sql::call_try_grant(&self.pool, TRY_GRANT, req, ms(req.lease));
         crate::backend::sql::attempt(&self.fast, req, fast, tx, is_conflict, gone)
             .await
             .map_err(|e| self.db(e))
-    }
-
-    /// [`TRY_GRANT`]: the token of a grant in one round trip, or `None`
-    /// when the full transaction must decide.
-    pub(super) async fn call_try_grant(
-        &self,
-        req: &Attempt,
-    ) -> std::result::Result<Option<i64>, sqlx::Error> {
-        let (take, max) = req.mode.permits();
-        sqlx::query_scalar(TRY_GRANT)
-            .bind(req.name.as_str())
-            .bind(&req.hold_id)
-            .bind(&req.owner_key)
-            .bind(req.mode.code() as i16)
-            .bind(take as i32)
-            .bind(max as i32)
-            .bind(ms(req.lease))
-            .fetch_one(&self.pool)
-            .await
     }
 
     pub(super) async fn attempt_tx(

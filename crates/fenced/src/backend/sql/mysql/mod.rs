@@ -35,7 +35,7 @@
 //! `fenced_doorbell:<its connection id>` for as long as it lives, and a
 //! releaser wakes only ids whose lock is held by that very connection.
 
-use crate::backend::sql::{SqlUrl, hold_row, waiters_and_token};
+use crate::backend::sql::{SqlUrl, hold_row, ms, waiters_and_token};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::grant::{Decision, decide, stands};
@@ -82,10 +82,6 @@ impl Drop for MySqlBackend {
             d.abort();
         }
     }
-}
-
-fn ms(d: Duration) -> i64 {
-    d.as_millis().min(i64::MAX as u128) as i64
 }
 
 impl MySqlBackend {

@@ -65,12 +65,7 @@ impl LockBackend for MySqlAdvisory {
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let sh = &self.shared;
-            let row = sqlx::query(HOLDER)
-                .bind(key(name.as_str()))
-                .fetch_one(sh.table.pool())
-                .await
-                .map_err(|e| sh.db(e))?;
-            let holder: Option<i64> = row.try_get("id").map_err(|e| sh.db(e))?;
+            let holder = sh.holder_of(name).await?;
             let last_token = sh.table.last_token(name.as_str()).await?;
             let mut holders = Vec::new();
             if let Some(id) = holder {
@@ -102,12 +97,7 @@ impl LockBackend for MySqlAdvisory {
     fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let sh = &self.shared;
-            let row = sqlx::query(HOLDER)
-                .bind(key(name.as_str()))
-                .fetch_one(sh.table.pool())
-                .await
-                .map_err(|e| sh.db(e))?;
-            let Some(id) = row.try_get::<Option<i64>, _>("id").map_err(|e| sh.db(e))? else {
+            let Some(id) = sh.holder_of(name).await? else {
                 return Ok(0);
             };
             sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))

@@ -3,6 +3,16 @@
 use super::*;
 
 impl Shared {
+    /// The connection id of the session holding `name`'s `GET_LOCK`, if any.
+    pub(super) async fn holder_of(&self, name: &LockName) -> Result<Option<i64>> {
+        let row = sqlx::query(HOLDER)
+            .bind(key(name.as_str()))
+            .fetch_one(self.table.pool())
+            .await
+            .map_err(|e| self.db(e))?;
+        row.try_get("id").map_err(|e| self.db(e))
+    }
+
     pub(super) fn db(&self, e: sqlx::Error) -> Error {
         self.table.db(e)
     }

@@ -8,33 +8,11 @@ impl PgBackend {
         // Dropped since we opened: go on without it.
         let gone = |e: &sqlx::Error| has_state(e, &["42883"]);
         let tx = || self.attempt_tx(req);
-        let fast = self.call_try_grant(req);
+        let fast =
+            crate::backend::sql::call_try_grant(&self.pool, TRY_GRANT, req, ms(req.lease) as f64);
         crate::backend::sql::attempt(&self.fast, req, fast, tx, is_conflict, gone)
             .await
             .map_err(|e| self.db(e))
-    }
-
-    /// [`TRY_GRANT`]: the token of a grant in one round trip, or `None`
-    /// when the full transaction must decide. A busy lock so costs one
-    /// round trip more than before; answering "busy" here instead measured
-    /// slower on S2 (397–430 against 463–475 acquisitions/s in alternating
-    /// runs; why, I have not found), and S2 with this version is unchanged
-    /// (436–514 against 456–535/s).
-    pub(super) async fn call_try_grant(
-        &self,
-        req: &Attempt,
-    ) -> std::result::Result<Option<i64>, sqlx::Error> {
-        let (take, max) = req.mode.permits();
-        sqlx::query_scalar(TRY_GRANT)
-            .bind(req.name.as_str())
-            .bind(&req.hold_id)
-            .bind(&req.owner_key)
-            .bind(req.mode.code() as i16)
-            .bind(take as i32)
-            .bind(max as i32)
-            .bind(ms(req.lease) as f64)
-            .fetch_one(&self.pool)
-            .await
     }
 
     pub(super) async fn attempt_tx(

@@ -25,7 +25,7 @@
 //! of that name. A holder that dies sends nothing, so waiters also look
 //! again when the first lease in their way ends.
 
-use crate::backend::sql::{SqlUrl, hold_row, waiters_and_token};
+use crate::backend::sql::{SqlUrl, hold_row, ms, waiters_and_token};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::grant::{Decision, decide, stands};
@@ -63,10 +63,6 @@ impl Drop for PgBackend {
     fn drop(&mut self) {
         self.listener.abort();
     }
-}
-
-fn ms(d: Duration) -> i64 {
-    d.as_millis().min(i64::MAX as u128) as i64
 }
 
 impl PgBackend {

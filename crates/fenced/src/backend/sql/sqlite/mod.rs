@@ -35,7 +35,7 @@
 //! the monotonic clock, does not see that. Fencing tokens are persisted in
 //! the file and never fall below the wall clock in microseconds.
 
-use crate::backend::sql::hold_row;
+use crate::backend::sql::{hold_row, ms};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::grant::{Decision, decide, next_token, stands};
@@ -71,10 +71,6 @@ fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-fn ms(d: Duration) -> i64 {
-    d.as_millis().min(i64::MAX as u128) as i64
 }
 
 impl SqliteBackend {

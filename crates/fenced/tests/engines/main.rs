@@ -1,0 +1,10 @@
+//! The library's tests beyond the conformance suite, one module an engine
+//! (its foreign clients, its own faults, its URL options), in one test
+//! binary so that the suite links once.
+
+mod etcd;
+mod mariadb;
+mod multilock;
+mod postgres;
+mod redis;
+mod zookeeper;
