@@ -64,36 +64,16 @@ pub async fn two_clients(url: &str) -> (fenced::Client, fenced::Client) {
     (a, b)
 }
 
-/// `client`'s mutex `name`, acquired with the fixed `lease` (no watchdog):
-/// what a holder that stops renewing looks like.
-pub async fn hold_fixed(
-    client: &fenced::Client,
-    name: &str,
-    lease: std::time::Duration,
-) -> fenced::Guard {
-    client
-        .mutex(name)
-        .unwrap()
-        .fixed_lease(lease)
-        .acquire()
-        .await
-        .unwrap()
-}
-
 /// `client`'s mutex `name`, acquired (waiting as long as it takes) with
-/// `lease`, renewed by the watchdog.
-pub async fn hold(
-    client: &fenced::Client,
-    name: &str,
-    lease: std::time::Duration,
-) -> fenced::Guard {
-    client
-        .mutex(name)
-        .unwrap()
-        .lease(lease)
-        .acquire()
-        .await
-        .unwrap()
+/// `lease`: renewed by the watchdog, or fixed, as a holder that stops
+/// renewing has it.
+pub async fn hold(client: &fenced::Client, name: &str, lease: fenced::Lease) -> fenced::Guard {
+    let mutex = client.mutex(name).unwrap();
+    let mutex = match lease {
+        fenced::Lease::Renewed(d) => mutex.lease(d),
+        fenced::Lease::Fixed(d) => mutex.fixed_lease(d),
+    };
+    mutex.acquire().await.unwrap()
 }
 
 /// Each of `suffixes` after `base` makes a URL that `Client::connect`

@@ -16,8 +16,8 @@ mod timing;
 pub mod torture;
 
 pub use fixture::{
-    Fixture, Isolated, fails_at_once, hold, hold_fixed, names_stay_data, one_holds, refuses_urls,
-    two_clients, two_holds_in_turn, unique,
+    Fixture, Isolated, fails_at_once, hold, names_stay_data, one_holds, refuses_urls, two_clients,
+    two_holds_in_turn, unique,
 };
 pub use timing::Timing;
 

@@ -145,7 +145,7 @@ pub async fn owner_only_release(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("own");
     let (a, b) = fx.two_clients().await;
-    let old = crate::hold_fixed(&a, &name, t.ms(200)).await;
+    let old = crate::hold(&a, &name, fenced::Lease::Fixed(t.ms(200))).await;
     let new = b
         .mutex(&name)
         .unwrap()
@@ -168,7 +168,7 @@ pub async fn owner_only_release(fx: &Fixture) {
     // A renewal from a holder whose hold was taken away is stale: it finds
     // the hold gone (the lost signal fires) and touches the new holder's
     // in nothing.
-    let old = crate::hold(&a, &name, t.ms(600)).await;
+    let old = crate::hold(&a, &name, fenced::Lease::Renewed(t.ms(600))).await;
     assert_eq!(b.mutex(&name).unwrap().force_unlock().await.unwrap(), 1);
     let new = b
         .mutex(&name)
@@ -288,7 +288,7 @@ pub async fn lease_expiry_frees_dead_holder(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("dead");
     let (a, b) = fx.two_clients().await;
-    let g = crate::hold_fixed(&a, &name, t.ms(300)).await;
+    let g = crate::hold(&a, &name, fenced::Lease::Fixed(t.ms(300))).await;
     std::mem::forget(g); // never released
     let got = b
         .mutex(&name)
@@ -305,7 +305,7 @@ pub async fn watchdog_keeps_slow_holder(fx: &Fixture) {
     let name = unique("wd");
     let (a, b) = fx.two_clients().await;
     let lease = t.ms(300);
-    let g = crate::hold(&a, &name, lease).await;
+    let g = crate::hold(&a, &name, fenced::Lease::Renewed(lease)).await;
     let rival = b.mutex(&name).unwrap();
     for _ in 0..6 {
         tokio::time::sleep(lease / 2).await;
@@ -359,7 +359,7 @@ pub async fn lost_signal_when_taken(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("lost");
     let (a, b) = fx.two_clients().await;
-    let g = crate::hold(&a, &name, t.ms(300)).await;
+    let g = crate::hold(&a, &name, fenced::Lease::Renewed(t.ms(300))).await;
     let reg = a.register(&format!("{name}:reg")).unwrap();
     reg.write(&g, "1").await.unwrap();
     assert_eq!(b.mutex(&name).unwrap().force_unlock().await.unwrap(), 1);
@@ -381,7 +381,7 @@ pub async fn lost_signal_when_lease_ends(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("fixed");
     let a = fx.client().await;
-    let g = crate::hold_fixed(&a, &name, t.ms(200)).await;
+    let g = crate::hold(&a, &name, fenced::Lease::Fixed(t.ms(200))).await;
     assert!(g.is_held());
     let reason = timeout(t.eventually(), g.lost())
         .await

@@ -16,7 +16,7 @@ async fn holds_survive_killed_connections() {
     let server = MariaDb::start();
     let (a, b) = fenced_testkit::two_clients(&server.url()).await;
     let name = unique("mdbkill");
-    let g = fenced_testkit::hold(&a, &name, t.ms(3000)).await;
+    let g = fenced_testkit::hold(&a, &name, fenced::Lease::Renewed(t.ms(3000))).await;
     let ids = server.sql(
         "SELECT GROUP_CONCAT(id) FROM information_schema.processlist \
          WHERE user = 'root' AND id <> CONNECTION_ID()",

@@ -26,7 +26,7 @@ async fn holds_survive_killed_connections_and_a_restart() {
     let mut server = PgServer::start();
     let (a, b) = fenced_testkit::two_clients(&server.url()).await;
     let name = unique("pgkill");
-    let g = fenced_testkit::hold(&a, &name, t.ms(3000)).await;
+    let g = fenced_testkit::hold(&a, &name, fenced::Lease::Renewed(t.ms(3000))).await;
     let killed = server.sql(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
          WHERE pid <> pg_backend_pid() AND datname = 'postgres'",
@@ -104,7 +104,7 @@ async fn advisory_session_killed_fires_the_lost_signal() {
     let url = format!("{}?mode=advisory", server.url());
     let (a, b) = fenced_testkit::two_clients(&url).await;
     let name = unique("adv");
-    let g = fenced_testkit::hold(&a, &name, t.ms(900)).await;
+    let g = fenced_testkit::hold(&a, &name, fenced::Lease::Renewed(t.ms(900))).await;
     let held = server.sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted");
     assert_eq!(held, "1");
     let killed = server.sql(
@@ -218,7 +218,7 @@ async fn grants_survive_a_crash_under_asynchronous_commit() {
     let (name, adv_name) = (unique("asynccommit"), unique("asynctoken"));
     let adv_guard = adv.mutex(&adv_name).unwrap().acquire().await.unwrap();
     let adv_token = adv_guard.fencing_token();
-    let g = fenced_testkit::hold(&a, &name, t.ms(8000)).await;
+    let g = fenced_testkit::hold(&a, &name, fenced::Lease::Renewed(t.ms(8000))).await;
     server.kill();
     drop(adv_guard);
     server.restart();

@@ -257,7 +257,7 @@ async fn redlock_stays_exclusive_with_a_master_down() {
     let mut masters = RedisMasters::start(3);
     let (a, b) = fenced_testkit::two_clients(&masters.url()).await;
     let name = unique("rl");
-    let g = fenced_testkit::hold(&a, &name, t.ms(600)).await;
+    let g = fenced_testkit::hold(&a, &name, fenced::Lease::Renewed(t.ms(600))).await;
     let first = g.fencing_token();
     masters.servers[0].kill();
     let lock_b = b.mutex(&name).unwrap().retry(RetryPolicy::Never);
@@ -658,7 +658,7 @@ async fn waiting_for_replicas_does_not_stall_renewals() {
     let group = RedisSentinel::start();
     let url = format!("{}?min_replicas=1&wait_timeout=1s", group.url());
     let c = Client::connect(&url).await.unwrap();
-    let held = fenced_testkit::hold(&c, &unique("short"), t.ms(600)).await;
+    let held = fenced_testkit::hold(&c, &unique("short"), fenced::Lease::Renewed(t.ms(600))).await;
     for n in &group.nodes[1..] {
         n.process().unwrap().signal(Signal::SIGSTOP);
     }
