@@ -353,10 +353,12 @@ impl Store for MemoryBackend {
                 return Ok(None);
             };
             let mut change = Decrement::new(name, by);
-            if let Some(after) = change.over(Some((entry.0.as_slice(), entry.1)))? {
+            let after = change.over(Some((entry.0.as_slice(), entry.1)))?;
+            let written = after.is_some();
+            if let Some(after) = after {
                 *entry = after;
             }
-            Ok(change.result(true))
+            Ok(change.result(written))
         })
     }
 }
