@@ -80,7 +80,11 @@ impl Client {
         }
     }
 
-    fn with_backend(backend: Arc<dyn Backend>, wakeups: Arc<Wakeups>, url: String) -> Client {
+    pub(crate) fn with_backend(
+        backend: Arc<dyn Backend>,
+        wakeups: Arc<Wakeups>,
+        url: String,
+    ) -> Client {
         let worker = worker::spawn(backend.clone());
         Client {
             inner: Arc::new(Engine {

@@ -98,6 +98,8 @@ mod name;
 mod options;
 mod owner;
 mod semaphore;
+#[cfg(test)]
+mod sim;
 pub(crate) mod spi;
 mod striped;
 mod url;

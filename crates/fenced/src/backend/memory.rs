@@ -70,7 +70,10 @@ impl Locks {
 #[derive(Default)]
 struct Resource {
     holds: Vec<MemHold>,
-    queue: Vec<(Ticket, Instant)>,
+    /// Fair waiters' places: ticket, expiry, and the hold id that took
+    /// it, so that a retry, or a withdrawal, whose reply with the ticket
+    /// was lost still finds it.
+    queue: Vec<(Ticket, Instant, String)>,
     last_token: u64,
 }
 
@@ -102,7 +105,7 @@ impl Resource {
     fn purge(&mut self, now: Instant) -> bool {
         let before = self.holds.len();
         self.holds.retain(|h| h.expires > now);
-        self.queue.retain(|(_, exp)| *exp > now);
+        self.queue.retain(|(_, exp, _)| *exp > now);
         self.holds.len() != before
     }
 }
@@ -152,9 +155,23 @@ impl MemoryBackend {
         let mut locks = self.locks();
         let res = locks.entry(&req.name);
         let mut changed = res.purge(now);
-        let mine = req.ticket.filter(|t| res.queue.iter().any(|(q, _)| q == t));
+        // A retry of an attempt whose answer was lost finds its grant:
+        // attempts are idempotent by hold id, as on every other backend.
+        let again = res.holds.iter().find(|h| h.hold_id == req.hold_id);
+        if let Some(token) = again.map(|h| h.token) {
+            drop(locks);
+            if changed {
+                self.store.wake(req.name.as_str());
+            }
+            return Outcome::granted(token);
+        }
+        let mine = res
+            .queue
+            .iter()
+            .find(|(q, _, id)| req.ticket == Some(*q) || *id == req.hold_id)
+            .map(|p| p.0);
         let queued_ahead = match mine {
-            Some(t) => res.queue.iter().any(|(q, _)| *q < t),
+            Some(t) => res.queue.iter().any(|(q, _, _)| *q < t),
             None => !res.queue.is_empty(),
         };
         let holders = res.holds.iter().map(|h| Held {
@@ -179,7 +196,7 @@ impl MemoryBackend {
                 expires: now + req.lease,
             });
             if let Some(t) = mine {
-                res.queue.retain(|(q, _)| *q != t);
+                res.queue.retain(|(q, _, _)| *q != t);
                 changed = true; // the next in line may go now
             }
             Outcome::granted(token)
@@ -189,11 +206,11 @@ impl MemoryBackend {
                     Some(t) => t,
                     None => {
                         let t = self.ticket();
-                        res.queue.push((t, now));
+                        res.queue.push((t, now, req.hold_id.clone()));
                         t
                     }
                 };
-                if let Some(q) = res.queue.iter_mut().find(|(q, _)| *q == t) {
+                if let Some(q) = res.queue.iter_mut().find(|(q, _, _)| *q == t) {
                     q.1 = now + QUEUE_TTL;
                 }
                 Some(t)
@@ -271,10 +288,11 @@ impl LockBackend for MemoryBackend {
     fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
         Box::pin(async move {
             let name = &gone.name;
-            if let Some(t) = gone.ticket {
+            {
                 let mut locks = self.locks();
                 if let Some(res) = locks.names.get_mut(name) {
-                    res.queue.retain(|(q, _)| *q != t);
+                    res.queue
+                        .retain(|(q, _, id)| gone.ticket != Some(*q) && *id != gone.hold_id);
                 }
                 locks.tidy(name);
             }
