@@ -335,17 +335,26 @@ async fn contend(
     let lease = lock.as_lock().options().lease.duration();
     loop {
         let patience = Duration::from_millis(r.u64(0..20_000));
-        let got = match r.u8(0..4) {
+        let dropped = || {
+            log.with(|r| r.cancelled += 1);
+            log.note(&who, "drops its acquire");
+            Ok(None)
+        };
+        let got = match r.u8(0..5) {
             0 => lock.try_acquire().await,
             1 => lock.acquire_timeout(patience).await,
             2 => match tokio::time::timeout(patience, lock.acquire()).await {
                 Ok(g) => g.map(Some),
-                Err(_) => {
-                    log.with(|r| r.cancelled += 1);
-                    log.note(&who, "drops its acquire");
-                    Ok(None)
-                }
+                Err(_) => dropped(),
             },
+            // Dropped about when its own wait ends, while it withdraws.
+            3 => {
+                let wait = lock.acquire_timeout(patience);
+                let cut = patience + Duration::from_millis(r.u64(0..5));
+                tokio::time::timeout(cut, wait)
+                    .await
+                    .unwrap_or_else(|_| dropped())
+            }
             _ => lock.acquire().await.map(Some),
         };
         match got {
