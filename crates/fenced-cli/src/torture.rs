@@ -725,7 +725,9 @@ pub(crate) async fn torture(
             // still timed from the healing, since the holder may rightly
             // keep the lock through it.
             _ if f.needs_spawn() => {
-                let _ = run.holder(outage(f) + Duration::from_secs(2)).await;
+                let _ = run
+                    .holder(outage(f, free_after) + Duration::from_secs(2))
+                    .await;
                 None
             }
             // A waiter whose clock runs ahead sees the holder's lease over.
@@ -803,12 +805,12 @@ pub(crate) async fn torture(
             (_, _) => {
                 let r = running.as_mut().expect("checked above");
                 let what = r.fault(f).map_err(anyhow::Error::msg)?;
-                let down = outage(f).as_secs();
-                tokio::time::sleep(outage(f)).await;
+                let down = outage(f, free_after);
+                tokio::time::sleep(down).await;
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.heal())).map_err(
                     |p| anyhow::anyhow!("could not heal {}: {}", f.name(), panic_text(&p)),
                 )?;
-                format!("SIGKILL {what}, restarted after {down}s")
+                format!("{what}; healed after {down:?}")
             }
         };
         run.driver_event(Kind::FaultEnd { fault: f });
@@ -907,9 +909,15 @@ async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
     }
 }
 
-/// How long a server fault keeps the server down before healing it.
-fn outage(f: Fault) -> Duration {
-    Duration::from_secs(if f == Fault::Failover { 4 } else { 1 })
+/// How long a server fault keeps the server down before healing it; a
+/// stall, a third of the time a dead holder's lock takes to be freed
+/// (shorter than any lease or session).
+fn outage(f: Fault, free_after: Duration) -> Duration {
+    match f {
+        Fault::Failover => Duration::from_secs(4),
+        Fault::Stall => free_after / 3,
+        _ => Duration::from_secs(1),
+    }
 }
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {

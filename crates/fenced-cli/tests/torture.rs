@@ -25,7 +25,8 @@ fn cost(f: Fault, free: u64) -> u64 {
         Fault::Kill | Fault::Cut => free + 1,
         Fault::Pause | Fault::Partition | Fault::Clock => 2 * free + 3,
         Fault::Restart | Fault::Leader => free + 7,
-        Fault::Failover => free + 12,
+        Fault::Failover | Fault::Quorum => free + 12,
+        Fault::Stall => free / 3 + 3,
     }
 }
 

@@ -130,6 +130,11 @@ impl MariaDb {
         format!("mysql://root@127.0.0.1:{}/mysql", self.port)
     }
 
+    /// The server process, while it runs.
+    pub fn process(&self) -> Option<&Server> {
+        self.server.as_ref()
+    }
+
     /// Kills the server (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut s) = self.server.take() {

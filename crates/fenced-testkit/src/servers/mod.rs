@@ -139,6 +139,12 @@ impl Server {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig);
     }
 
+    /// Sends a signal to the server's whole process group (it was started
+    /// in one of its own): PostgreSQL's backends with their postmaster.
+    pub fn signal_group(&self, sig: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.child.id() as i32), sig);
+    }
+
     /// Stops the server with its stop signal, then SIGKILL after 5 s, and reaps it.
     pub fn stop(&mut self) {
         if self.exited() {

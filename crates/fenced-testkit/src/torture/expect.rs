@@ -23,14 +23,21 @@ pub enum Fault {
     /// SIGKILL the master of a Sentinel group; a replica is promoted.
     Failover,
     /// Step a waiting worker's wall clock forward past the lease
-    /// (libfaketime), then back: only backends that read the client's
-    /// clock take it.
+    /// (libfaketime), then back: only SQLite reads the client's clock;
+    /// on every other backend it must change nothing.
     Clock,
+    /// SIGSTOP every server of the topology for a third of the time it
+    /// takes to free a dead holder's lock, then SIGCONT: a VM or storage
+    /// stall, while clients time out. Leases and sessions outlive it.
+    Stall,
+    /// SIGKILL a majority of an ensemble or cluster (the leader and one
+    /// more), then start them again: no quorum, so no grants meanwhile.
+    Quorum,
 }
 
 impl Fault {
     /// Every fault, in the order a mixed run cycles through them.
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 10] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Cut,
@@ -39,6 +46,8 @@ impl Fault {
         Fault::Leader,
         Fault::Failover,
         Fault::Clock,
+        Fault::Stall,
+        Fault::Quorum,
     ];
 
     /// Its name on the command line.
@@ -52,6 +61,8 @@ impl Fault {
             Fault::Leader => "leader",
             Fault::Failover => "failover",
             Fault::Clock => "clock",
+            Fault::Stall => "stall",
+            Fault::Quorum => "quorum",
         }
     }
 
@@ -73,7 +84,10 @@ impl Fault {
 
     /// Whether the fault acts on servers the run started (`--spawn`).
     pub fn needs_spawn(self) -> bool {
-        matches!(self, Fault::Restart | Fault::Leader | Fault::Failover)
+        matches!(
+            self,
+            Fault::Restart | Fault::Leader | Fault::Failover | Fault::Stall | Fault::Quorum
+        )
     }
 }
 
@@ -241,15 +255,28 @@ pub fn expect(family: Family, fault: Option<Fault>) -> Option<Expect> {
             B::SqlLease | B::ZooKeeper | B::Etcd => must,
         },
         // SQLite's leases end by the host's wall clock: a process whose
-        // clock runs ahead sees a live lease as over.
+        // clock runs ahead sees a live lease as over. Every other backend
+        // keeps time by the server's clock and the client's monotonic
+        // one: a client's wall clock must change nothing there.
         Some(Fault::Clock) => match family {
             B::Sqlite => Expect {
                 exclusion: M,
                 ..must
             },
-            _ => return None,
+            _ => must,
         },
         Some(Fault::Leader) => match family {
+            B::ZooKeeper | B::Etcd => must,
+            _ => return None,
+        },
+        // Shorter than any lease or session: nothing may break.
+        Some(Fault::Stall) => match family {
+            B::Sqlite => return None,
+            _ => must,
+        },
+        // No majority, no grant: holders whose sessions cannot be kept
+        // alive are told, and nobody gets in until the quorum is back.
+        Some(Fault::Quorum) => match family {
             B::ZooKeeper | B::Etcd => must,
             _ => return None,
         },
@@ -352,5 +379,7 @@ mod tests {
         assert!(Fault::parse("nap").unwrap_err().contains("kill, pause"));
         assert_eq!(expect(Family::Sqlite, Some(Fault::Cut)), None);
         assert_eq!(expect(Family::Redis, Some(Fault::Leader)), None);
+        assert_eq!(expect(Family::Redis, Some(Fault::Quorum)), None);
+        assert_eq!(Fault::parse("stall"), Ok(Fault::Stall));
     }
 }

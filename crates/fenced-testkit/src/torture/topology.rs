@@ -101,7 +101,8 @@ impl Topology {
         use Topology as T;
         match fault {
             Fault::Restart => !matches!(self, T::Sqlite | T::Sentinel | T::Zookeeper3 | T::Etcd3),
-            Fault::Leader => matches!(self, T::Zookeeper3 | T::Etcd3),
+            Fault::Leader | Fault::Quorum => matches!(self, T::Zookeeper3 | T::Etcd3),
+            Fault::Stall => self != T::Sqlite,
             Fault::Failover => self == T::Sentinel,
             _ => true,
         }
@@ -240,7 +241,7 @@ impl Topology {
             topology: self,
             url,
             servers,
-            down: None,
+            down: Down::None,
         }
     }
 }
@@ -266,18 +267,76 @@ pub struct Running {
     /// The backend URL its clients use.
     pub url: String,
     servers: Servers,
-    down: Option<usize>,
+    /// What the fault in effect did, for `heal` to undo.
+    down: Down,
+}
+
+/// A server fault in effect.
+enum Down {
+    None,
+    /// These servers were killed.
+    Killed(Vec<usize>),
+    /// Every server is stopped (SIGSTOP).
+    Stopped,
 }
 
 impl Running {
+    /// Every server process of the topology that runs.
+    fn processes(&self) -> Vec<&crate::servers::Server> {
+        fn redis(v: &[RedisServer]) -> Vec<&crate::servers::Server> {
+            v.iter().filter_map(|s| s.process()).collect()
+        }
+        match &self.servers {
+            Servers::Sqlite(_) => Vec::new(),
+            Servers::Redis(s) => s.process().into_iter().collect(),
+            Servers::Sentinel(g) => redis(&g.nodes),
+            Servers::Cluster(c) => redis(&c.nodes),
+            Servers::RedLock(m) => redis(&m.servers),
+            Servers::Postgres(s) => s.process().into_iter().collect(),
+            Servers::Mariadb(s) => s.process().into_iter().collect(),
+            Servers::Zk(z) => (0..z.nodes.len()).filter_map(|i| z.process(i)).collect(),
+            Servers::Etcd(c) => (0..c.members.len()).filter_map(|i| c.process(i)).collect(),
+        }
+    }
+
     /// Puts a server fault into effect: SIGKILL the server (restart), the
-    /// leader (leader) or the master (failover). Returns what it killed.
+    /// leader (leader), the master (failover) or a majority (quorum), or
+    /// SIGSTOP every server (stall). Returns what it did.
     pub fn fault(&mut self, fault: Fault) -> Result<String, String> {
         if !self.topology.takes(fault) {
             return Err(format!(
                 "{} cannot take the fault {}",
                 self.topology.name(),
                 fault.name()
+            ));
+        }
+        if fault == Fault::Stall {
+            let stopped = self.processes();
+            for p in &stopped {
+                p.signal_group(nix::sys::signal::Signal::SIGSTOP);
+            }
+            let n = stopped.len();
+            self.down = Down::Stopped;
+            return Ok(format!("SIGSTOP {n} server(s)"));
+        }
+        if fault == Fault::Quorum {
+            let (leader, size) = match &self.servers {
+                Servers::Zk(z) => (z.leader(), z.nodes.len()),
+                Servers::Etcd(c) => (c.leader(), c.members.len()),
+                _ => (None, 0),
+            };
+            let leader = leader.ok_or("no member says it leads")?;
+            let victims = vec![leader, (leader + 1) % size];
+            for &i in &victims {
+                match &mut self.servers {
+                    Servers::Zk(z) => z.kill(i),
+                    Servers::Etcd(c) => c.kill(i),
+                    _ => {}
+                }
+            }
+            self.down = Down::Killed(victims.clone());
+            return Ok(format!(
+                "SIGKILL members {victims:?} of {size} (the leader first)"
             ));
         }
         let (i, what) = match (&mut self.servers, fault) {
@@ -337,25 +396,35 @@ impl Running {
                 ));
             }
         };
-        self.down = Some(i);
-        Ok(what)
+        self.down = Down::Killed(vec![i]);
+        Ok(format!("SIGKILL {what}"))
     }
 
-    /// Heals the fault: starts the killed server again on its data.
+    /// Heals the fault: starts the killed servers again on their data, or
+    /// lets the stopped ones go on (SIGCONT).
     pub fn heal(&mut self) {
-        let Some(i) = self.down.take() else {
-            return;
+        let killed = match std::mem::replace(&mut self.down, Down::None) {
+            Down::None => return,
+            Down::Stopped => {
+                for p in self.processes() {
+                    p.signal_group(nix::sys::signal::Signal::SIGCONT);
+                }
+                return;
+            }
+            Down::Killed(v) => v,
         };
-        match &mut self.servers {
-            Servers::Redis(s) => s.restart(),
-            Servers::Cluster(c) => c.nodes[i].restart(),
-            Servers::RedLock(m) => m.servers[i].restart(),
-            Servers::Postgres(s) => s.restart(),
-            Servers::Mariadb(s) => s.restart(),
-            Servers::Zk(z) => z.restart(i),
-            Servers::Etcd(c) => c.restart(i),
-            Servers::Sentinel(g) => g.nodes[i].restart(),
-            Servers::Sqlite(_) => {}
+        for i in killed {
+            match &mut self.servers {
+                Servers::Redis(s) => s.restart(),
+                Servers::Cluster(c) => c.nodes[i].restart(),
+                Servers::RedLock(m) => m.servers[i].restart(),
+                Servers::Postgres(s) => s.restart(),
+                Servers::Mariadb(s) => s.restart(),
+                Servers::Zk(z) => z.restart(i),
+                Servers::Etcd(c) => c.restart(i),
+                Servers::Sentinel(g) => g.nodes[i].restart(),
+                Servers::Sqlite(_) => {}
+            }
         }
     }
 

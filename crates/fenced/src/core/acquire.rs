@@ -46,6 +46,8 @@ struct Cleanup<'a> {
     attempt: Option<Attempt>,
     /// Tries still on their way (one, or more after a timeout).
     in_flight: Vec<InFlight>,
+    /// A try failed with no answer: it may still reach the server later.
+    doubtful: bool,
 }
 
 impl Cleanup<'_> {
@@ -60,6 +62,7 @@ impl Drop for Cleanup<'_> {
             self.inner.send(Job::Abandon {
                 gone: a.withdrawal(),
                 after: std::mem::take(&mut self.in_flight),
+                doubtful: self.doubtful,
             });
         }
     }
@@ -114,6 +117,9 @@ async fn attempt_with_retry(
                 (Err(e), limit)
             }
         };
+        if result.as_ref().is_err_and(|e| e.is_transient()) {
+            cleanup.doubtful = true;
+        }
         match result {
             Ok(outcome) => return Ok(outcome),
             // A connection that broke (a pooled one the server closed, a
@@ -230,6 +236,7 @@ async fn run_inner(
         inner,
         attempt: None,
         in_flight: Vec::new(),
+        doubtful: false,
     };
     let mut waiting_since = None;
     let mut late_grants = 0u32;
@@ -369,9 +376,12 @@ async fn run_inner(
                         && !patience.is_zero()
                     {
                         let gone = a.withdrawal();
+                        // A try that may yet land is withdrawn once more
+                        // by the cleanup, later (see `Job::Abandon`).
                         if bounded(patience, backend.scheme(), backend.abandon(&gone))
                             .await
                             .is_ok()
+                            && !cleanup.doubtful
                         {
                             cleanup.disarm();
                         }

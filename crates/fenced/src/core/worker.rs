@@ -26,6 +26,8 @@ pub(crate) enum Job {
     Abandon {
         gone: Withdrawal,
         after: Vec<InFlight>,
+        /// An earlier try failed without an answer: it may yet land.
+        doubtful: bool,
     },
     /// Answers once every job sent before it is done.
     Flush(oneshot::Sender<()>),
@@ -94,8 +96,18 @@ async fn run(backend: &Arc<dyn Backend>, job: Job) {
                     "background release failed; {}", who_frees(&**backend)),
             }
         }
-        Job::Abandon { mut gone, after } => {
+        Job::Abandon {
+            mut gone,
+            after,
+            doubtful,
+        } => {
             let mut late = Vec::new();
+            // A try that failed (no answer in time, a broken connection)
+            // may still be on its way to the server, or waiting in it (a
+            // server stopped with requests in its sockets), and land after
+            // a withdrawal sent on another connection: it is withdrawn
+            // once more, a request timeout later.
+            let mut unknown = doubtful;
             for mut try_ in after {
                 // Its answer tells the queue place it may have taken. Every
                 // backend bounds its own calls, so this wait ends; it is
@@ -105,7 +117,8 @@ async fn run(backend: &Arc<dyn Backend>, job: Job) {
                 let patience = limit * TRY_PATIENCE;
                 match tokio::time::timeout(patience, &mut try_).await {
                     Ok(Ok(Ok(Outcome::Busy(b)))) => gone.ticket = b.ticket.or(gone.ticket),
-                    Ok(_) => {}
+                    Ok(Ok(Ok(_))) => {}
+                    Ok(_) => unknown = true,
                     Err(_) => late.push(try_),
                 }
             }
@@ -126,6 +139,10 @@ async fn run(backend: &Arc<dyn Backend>, job: Job) {
             if let Err(e) = withdraw(&**backend, limit, &gone).await {
                 tracing::warn!(lock = %gone.name, error = %e,
                     "could not withdraw a cancelled acquisition; {}", who_frees(&**backend));
+            }
+            if unknown {
+                tokio::time::sleep(limit).await;
+                let _ = withdraw(&**backend, limit, &gone).await;
             }
         }
         Job::Flush(done) => {
