@@ -409,4 +409,52 @@ mod tests {
         assert!(g.fencing_token() > last);
         assert!(c.status("n7").await.unwrap().last_token >= last);
     }
+
+    /// A retry whose first answer was lost (the simulation's finding):
+    /// the same hold id gets its grant back, not a second hold, and a
+    /// fair waiter's place is found, and withdrawn, by its hold id when
+    /// the ticket never reached it.
+    #[tokio::test]
+    async fn retries_and_withdrawals_find_their_grant_and_place_by_hold_id() {
+        use crate::spi::{Attempt, Mode, Outcome, Withdrawal};
+        let ns = format!("retry-{}", uuid::Uuid::new_v4().simple());
+        let wakeups = std::sync::Arc::new(crate::spi::wake::Wakeups::default());
+        let b = super::MemoryBackend::open(&ns, wakeups).unwrap();
+        let name = crate::LockName::new("l").unwrap();
+        let try_ = |hold: &str, owner: &str| Attempt {
+            name: name.clone(),
+            owner_key: owner.into(),
+            hold_id: hold.into(),
+            mode: Mode::Exclusive,
+            rw: false,
+            lease: std::time::Duration::from_secs(30),
+            fair: true,
+            will_wait: true,
+            ticket: None,
+        };
+        let granted = |o| match o {
+            Outcome::Granted { token, .. } => token,
+            o => panic!("not granted: {o:?}"),
+        };
+        let first = granted(b.attempt(&try_("h1", "a")).await.unwrap());
+        assert_eq!(granted(b.attempt(&try_("h1", "a")).await.unwrap()), first);
+        assert_eq!(b.status(&name).await.unwrap().holders.len(), 1);
+        // A waiter queues; its retry without the ticket keeps one place.
+        assert!(matches!(
+            b.attempt(&try_("h2", "b")).await.unwrap(),
+            Outcome::Busy(_)
+        ));
+        assert!(matches!(
+            b.attempt(&try_("h2", "b")).await.unwrap(),
+            Outcome::Busy(_)
+        ));
+        assert_eq!(b.status(&name).await.unwrap().waiters, 1);
+        let gone = Withdrawal {
+            name: name.clone(),
+            ticket: None,
+            hold_id: "h2".into(),
+        };
+        b.abandon(&gone).await.unwrap();
+        assert_eq!(b.status(&name).await.unwrap().waiters, 0);
+    }
 }
