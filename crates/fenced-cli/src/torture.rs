@@ -698,7 +698,9 @@ pub(crate) async fn torture(
     // Leave room after the last fault for the lock to be granted again.
     let room = |f: Fault| {
         let lasts = match f {
-            Fault::Pause | Fault::Partition | Fault::Clock => free_after + Duration::from_secs(2),
+            Fault::Pause | Fault::Partition | Fault::Clock | Fault::Slow => {
+                free_after + Duration::from_secs(2)
+            }
             Fault::Failover => Duration::from_secs(5),
             _ => Duration::from_secs(2),
         };
@@ -732,13 +734,15 @@ pub(crate) async fn torture(
             }
             // A waiter whose clock runs ahead sees the holder's lease over.
             Fault::Clock => run.waiter(),
+            // Every worker's link at once.
+            Fault::Slow => None,
             // Cut off past the lease, the holder is still in its section
             // when the lock goes to another: its write must be refused and
             // its lost signal must have fired.
             Fault::Partition => run.holder(free_after + Duration::from_secs(2)).await,
             _ => run.holder(Duration::from_secs(1)).await,
         };
-        if !f.needs_spawn() && victim.is_none() {
+        if f.needs_victim() && victim.is_none() {
             timeline.push(json!({"t_ms": (mono_ns() - start) / 1_000_000, "fault": f.name(), "skipped": "no holder"}));
             continue;
         }
@@ -789,6 +793,22 @@ pub(crate) async fn torture(
                     "worker {w}'s wall clock {}s ahead for {:?}",
                     ahead.as_secs(),
                     free_after + Duration::from_secs(2)
+                )
+            }
+            (Fault::Slow, _) => {
+                let slow = torture::proxy::Slow {
+                    base: Duration::from_millis(20),
+                    jitter: Duration::from_millis(80),
+                    loss: 0.02,
+                    rto: Duration::from_millis(250),
+                };
+                let lasts = free_after + Duration::from_secs(2);
+                let proxies = || run.urls.iter().filter_map(|(_, p)| p.as_ref());
+                proxies().for_each(|p| p.slow(Some(slow)));
+                tokio::time::sleep(lasts).await;
+                proxies().for_each(|p| p.slow(None));
+                format!(
+                    "every worker's traffic 20–100 ms late, 2% of it 250 ms more, for {lasts:?}"
                 )
             }
             (Fault::Partition, Some((w, _))) => {

@@ -33,11 +33,15 @@ pub enum Fault {
     /// SIGKILL a majority of an ensemble or cluster (the leader and one
     /// more), then start them again: no quorum, so no grants meanwhile.
     Quorum,
+    /// Every worker's traffic, in the proxy, 20–100 ms late and now and
+    /// then a retransmission (250 ms) more, for a lease or session and
+    /// more: a slow, lossy network, short of a partition.
+    Slow,
 }
 
 impl Fault {
     /// Every fault, in the order a mixed run cycles through them.
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 11] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Cut,
@@ -48,6 +52,7 @@ impl Fault {
         Fault::Clock,
         Fault::Stall,
         Fault::Quorum,
+        Fault::Slow,
     ];
 
     /// Its name on the command line.
@@ -63,6 +68,7 @@ impl Fault {
             Fault::Clock => "clock",
             Fault::Stall => "stall",
             Fault::Quorum => "quorum",
+            Fault::Slow => "slow",
         }
     }
 
@@ -79,7 +85,13 @@ impl Fault {
 
     /// Whether the fault needs the holder's traffic to pass the proxy.
     pub fn needs_proxy(self) -> bool {
-        matches!(self, Fault::Cut | Fault::Partition)
+        matches!(self, Fault::Cut | Fault::Partition | Fault::Slow)
+    }
+
+    /// Whether the fault strikes one worker, a holder or a waiter, rather
+    /// than the servers or every worker.
+    pub fn needs_victim(self) -> bool {
+        !self.needs_spawn() && self != Fault::Slow
     }
 
     /// Whether the fault acts on servers the run started (`--spawn`).
@@ -279,6 +291,11 @@ pub fn expect(family: Family, fault: Option<Fault>) -> Option<Expect> {
         Some(Fault::Quorum) => match family {
             B::ZooKeeper | B::Etcd => must,
             _ => return None,
+        },
+        // Slower than the lease needs, never as slow as a partition.
+        Some(Fault::Slow) => match family {
+            B::Sqlite => return None,
+            _ => must,
         },
         // Asynchronous replication: the promoted replica may not have the
         // lock (tokens still rise: they follow the server's clock). The

@@ -1,5 +1,7 @@
-//! A TCP proxy on loopback for network faults: reset every connection, or
-//! blackhole them (hold every byte back) and heal. `tc netem` does not
+//! A TCP proxy on loopback for network faults: reset every connection,
+//! blackhole them (hold every byte back) and heal, or slow them (a delay
+//! with jitter, and now and then a retransmission's worth more, in order,
+//! as TCP over a lossy link delivers). `tc netem` does not
 //! work on these machines, and a proxy per worker lets one holder be cut
 //! off while the others go on.
 //!
@@ -8,9 +10,25 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
+
+/// A slow, lossy link, as TCP makes it look: every chunk `base` plus up
+/// to `jitter` late, and one in `1 / loss` a retransmission (`rto`) more;
+/// bytes still arrive in order.
+#[derive(Clone, Copy, Debug)]
+pub struct Slow {
+    /// The least delay.
+    pub base: Duration,
+    /// Up to this much more, at random.
+    pub jitter: Duration,
+    /// The share of chunks that are lost once and sent again.
+    pub loss: f64,
+    /// What a loss costs: the retransmission timeout.
+    pub rto: Duration,
+}
 
 /// One listening port that forwards to one target.
 pub struct Proxy {
@@ -26,6 +44,7 @@ struct Ctl {
     /// Never set: what the requests' side waits on beside the blackhole.
     quiet: watch::Sender<bool>,
     cut: watch::Sender<u64>,
+    slow: watch::Sender<Option<Slow>>,
     stop: watch::Sender<bool>,
 }
 
@@ -40,6 +59,7 @@ impl Proxy {
             replies: watch::channel(false).0,
             quiet: watch::channel(false).0,
             cut: watch::channel(0).0,
+            slow: watch::channel(None).0,
             stop: watch::channel(false).0,
         });
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -75,6 +95,11 @@ impl Proxy {
     /// called again with `false`.
     pub fn hold_replies(&self, on: bool) {
         self.ctl.replies.send_replace(on);
+    }
+
+    /// Slows every byte both ways as `slow` says, until `None`.
+    pub fn slow(&self, slow: Option<Slow>) {
+        self.ctl.slow.send_replace(slow);
     }
 }
 
@@ -130,9 +155,10 @@ async fn connection(client: tokio::net::TcpStream, target: SocketAddr, ctl: Arc<
     let (sr, sw) = server.into_split();
     // The server's side also stops while replies are held.
     let both = |c: &Ctl| [c.blackhole.subscribe(), c.replies.subscribe()];
+    let slow = || ctl.slow.subscribe();
     tokio::select! {
-        _ = pump(cr, sw, [ctl.blackhole.subscribe(), ctl.quiet.subscribe()]) => {}
-        _ = pump(sr, cw, both(&ctl)) => {}
+        _ = pump(cr, sw, [ctl.blackhole.subscribe(), ctl.quiet.subscribe()], slow()) => {}
+        _ = pump(sr, cw, both(&ctl), slow()) => {}
         _ = cut.changed() => {}
     }
 }
@@ -151,11 +177,39 @@ async fn wait_open(holes: &mut [watch::Receiver<bool>; 2]) -> Result<(), watch::
 }
 
 async fn pump(
-    mut from: OwnedReadHalf,
+    from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
+    holes: [watch::Receiver<bool>; 2],
+    slow: watch::Receiver<Option<Slow>>,
+) {
+    // The reader stamps each chunk with when it may go; the writer sends
+    // them in order at those times, so a slow link still carries many
+    // chunks at once.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let write = async move {
+        while let Some((at, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = read(from, holes, slow, tx) => {}
+        _ = write => {}
+    }
+}
+
+/// Reads chunks while the holes are open, and hands them on with the
+/// time each may be sent.
+async fn read(
+    mut from: OwnedReadHalf,
     mut holes: [watch::Receiver<bool>; 2],
+    slow: watch::Receiver<Option<Slow>>,
+    to: tokio::sync::mpsc::UnboundedSender<(tokio::time::Instant, Vec<u8>)>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut last = tokio::time::Instant::now();
     loop {
         if wait_open(&mut holes).await.is_err() {
             return;
@@ -173,7 +227,22 @@ async fn pump(
             }
         };
         // Bytes read as the hole opened are held back with the rest.
-        if wait_open(&mut holes).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+        if wait_open(&mut holes).await.is_err() {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let at = match *slow.borrow() {
+            None => now,
+            Some(s) => {
+                let lost = fastrand::f64() < s.loss;
+                let extra =
+                    s.jitter.mul_f64(fastrand::f64()) + if lost { s.rto } else { Duration::ZERO };
+                now + s.base + extra
+            }
+        };
+        // In order: never before the chunk ahead of it.
+        last = last.max(at);
+        if to.send((last, buf[..n].to_vec())).is_err() {
             return;
         }
     }
@@ -241,5 +310,26 @@ mod tests {
         let mut s2 = std::net::TcpStream::connect(("127.0.0.1", p.port())).unwrap();
         s2.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         assert_eq!(round_trip(&mut s2, b"four").unwrap(), b"four");
+    }
+    #[test]
+    fn a_slow_lossy_link_delivers_every_byte_in_order() {
+        let p = Proxy::start(echo_server()).unwrap();
+        p.slow(Some(Slow {
+            base: Duration::from_millis(1),
+            jitter: Duration::from_millis(20),
+            loss: 0.2,
+            rto: Duration::from_millis(30),
+        }));
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", p.port())).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let sent: Vec<u8> = (0..200u8).collect();
+        for chunk in sent.chunks(7) {
+            s.write_all(chunk).unwrap();
+        }
+        let mut back = vec![0u8; sent.len()];
+        s.read_exact(&mut back).unwrap();
+        assert_eq!(back, sent);
+        p.slow(None);
+        assert_eq!(round_trip(&mut s, b"fast").unwrap(), b"fast");
     }
 }
