@@ -120,7 +120,8 @@ macro_rules! conformance_suite {
             lost_signal_when_taken, lost_signal_when_lease_ends, try_and_timeout,
             waiter_is_woken_by_release, dropped_guard_releases, close_tells_live_guards,
             fenced_register_rejects_stale_tokens, versioned_values_lose_no_update,
-            multilock_is_all_or_nothing, striped_segments_are_independent,
+            multilock_is_all_or_nothing, multilock_retakes_a_lock_lost_while_waiting,
+            striped_segments_are_independent,
             bad_input_is_refused, leader_election_hands_over, cancelled_acquires_leave_nothing,
             grant_cases_mutex
         ]);

@@ -50,59 +50,80 @@ impl MultiLock {
     /// # Cancel safety
     /// Dropping the future releases whatever it had taken.
     pub async fn acquire(&self) -> Result<MultiGuard> {
-        let mut guards = Vec::with_capacity(self.locks.len());
-        for lock in &self.locks {
-            guards.push(lock.acquire().await?);
-        }
-        Ok(MultiGuard { guards })
+        let got = self.take_all(Until::Forever).await?;
+        Ok(got.expect("a wait for ever ends with the locks or an error"))
     }
 
     /// Takes every lock if all are free now; `Ok(None)` (holding nothing) if not.
     pub async fn try_acquire(&self) -> Result<Option<MultiGuard>> {
-        self.acquire_by(None).await
+        self.take_all(Until::Now).await
     }
 
     /// Waits up to `wait` in all; `Ok(None)` (holding nothing) if not all were had.
     pub async fn acquire_timeout(&self, wait: Duration) -> Result<Option<MultiGuard>> {
         match Instant::now().checked_add(wait) {
-            Some(d) => self.acquire_by(Some(d)).await,
+            Some(d) => self.take_all(Until::At(d)).await,
             // Beyond any clock: the same as waiting for ever.
             None => self.acquire().await.map(Some),
         }
     }
 
-    async fn acquire_by(&self, deadline: Option<Instant>) -> Result<Option<MultiGuard>> {
-        let mut guards = Vec::with_capacity(self.locks.len());
-        for lock in &self.locks {
-            let got = match deadline {
-                None => lock.try_acquire().await,
-                Some(d) => {
-                    lock.acquire_timeout(d.saturating_duration_since(Instant::now()))
-                        .await
-                }
-            };
-            let got = match got {
-                Ok(got) => got,
-                Err(e) => {
-                    rollback(guards).await;
-                    return Err(e);
-                }
-            };
-            match got {
-                Some(g) => guards.push(g),
-                None => {
-                    rollback(guards).await;
-                    return Ok(None);
+    /// Takes the locks in order. A lock taken first can be lost while the
+    /// others are awaited (its session ended, a partition): a guard never
+    /// starts out lost, so then every lock is given back and the round
+    /// starts again, while the wait allows.
+    async fn take_all(&self, until: Until) -> Result<Option<MultiGuard>> {
+        loop {
+            let mut guards = Vec::with_capacity(self.locks.len());
+            for lock in &self.locks {
+                let got = match until {
+                    Until::Now => lock.try_acquire().await,
+                    Until::At(d) => {
+                        lock.acquire_timeout(d.saturating_duration_since(Instant::now()))
+                            .await
+                    }
+                    Until::Forever => lock.acquire().await.map(Some),
+                };
+                match got {
+                    Ok(Some(g)) => guards.push(g),
+                    Ok(None) => {
+                        rollback(guards).await;
+                        return Ok(None);
+                    }
+                    Err(e) => {
+                        rollback(guards).await;
+                        return Err(e);
+                    }
                 }
             }
+            if guards.iter().all(Guard::is_held) {
+                return Ok(Some(MultiGuard { guards }));
+            }
+            tracing::debug!("a lock was lost while the others were awaited; taking them again");
+            rollback(guards).await;
+            let over = match until {
+                Until::Now => true,
+                Until::At(d) => Instant::now() >= d,
+                Until::Forever => false,
+            };
+            if over {
+                return Ok(None);
+            }
         }
-        Ok(Some(MultiGuard { guards }))
     }
 
     /// The locks, in the order they are taken.
     pub fn locks(&self) -> &[Lock] {
         &self.locks
     }
+}
+
+/// How long a [`MultiLock`] acquisition waits.
+#[derive(Clone, Copy)]
+enum Until {
+    Now,
+    At(Instant),
+    Forever,
 }
 
 fn key(l: &Lock) -> (&str, &str, i64) {

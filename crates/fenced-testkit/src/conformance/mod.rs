@@ -38,6 +38,7 @@ pub const TESTS: &[&str] = &[
     "versioned_values_lose_no_update",
     "fenced_register_rejects_stale_tokens",
     "multilock_is_all_or_nothing",
+    "multilock_retakes_a_lock_lost_while_waiting",
     "striped_segments_are_independent",
     "bad_input_is_refused",
     "processes_exclude_each_other",
@@ -959,6 +960,37 @@ pub async fn multilock_is_all_or_nothing(fx: &Fixture) {
     assert!(b.mutex(&x).unwrap().try_acquire().await.unwrap().is_none());
     assert!(both.release().await.unwrap());
     assert!(b.status(&x).await.unwrap().is_free() && b.status(&y).await.unwrap().is_free());
+}
+
+/// A lock a MultiLock took first and lost while it waited for the next is
+/// taken again: a MultiGuard never starts out lost (the simulation's
+/// finding: it used to come back with the lost lock in it).
+pub async fn multilock_retakes_a_lock_lost_while_waiting(fx: &Fixture) {
+    let t = Timing::default();
+    let (x, y) = (unique("mlr-a"), unique("mlr-b"));
+    let (a, b) = fx.two_clients().await;
+    let held_y = b.mutex(&y).unwrap().acquire().await.unwrap();
+    // x comes first (MultiLock takes locks by name), on a lease nothing
+    // renews, which runs out while y is awaited.
+    let lease = Duration::from_secs(2);
+    let multi = MultiLock::new([
+        a.mutex(&y).unwrap(),
+        a.mutex(&x).unwrap().fixed_lease(lease),
+    ]);
+    assert_eq!(multi.locks()[0].name(), x);
+    let waiting = tokio::spawn(async move { multi.acquire().await });
+    tokio::time::sleep(lease * 2).await;
+    assert!(held_y.release().await.unwrap());
+    let both = timeout(t.ms(30_000), waiting)
+        .await
+        .expect("the MultiLock got both once y was free")
+        .unwrap()
+        .unwrap();
+    assert!(
+        both.is_held(),
+        "a MultiGuard started out with a lock lost while it waited"
+    );
+    let _ = both.release().await;
 }
 
 /// Segments of a striped lock are independent locks.

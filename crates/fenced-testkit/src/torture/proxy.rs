@@ -186,6 +186,9 @@ async fn pump(
     // them in order at those times, so a slow link still carries many
     // chunks at once.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    // The writer ends when the reader is done and every chunk it read
+    // is written (bytes that came with a FIN still go), or when the peer
+    // is gone, which ends the reader at its next chunk.
     let write = async move {
         while let Some((at, chunk)) = rx.recv().await {
             tokio::time::sleep_until(at).await;
@@ -193,11 +196,9 @@ async fn pump(
                 return;
             }
         }
+        let _ = to.shutdown().await;
     };
-    tokio::select! {
-        _ = read(from, holes, slow, tx) => {}
-        _ = write => {}
-    }
+    tokio::join!(read(from, holes, slow, tx), write);
 }
 
 /// Reads chunks while the holes are open, and hands them on with the

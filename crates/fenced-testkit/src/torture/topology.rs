@@ -289,7 +289,7 @@ impl Running {
         match &self.servers {
             Servers::Sqlite(_) => Vec::new(),
             Servers::Redis(s) => s.process().into_iter().collect(),
-            Servers::Sentinel(g) => redis(&g.nodes),
+            Servers::Sentinel(g) => [redis(&g.nodes), redis(&g.sentinels)].concat(),
             Servers::Cluster(c) => redis(&c.nodes),
             Servers::RedLock(m) => redis(&m.servers),
             Servers::Postgres(s) => s.process().into_iter().collect(),

@@ -356,7 +356,11 @@ async fn run_inner(
             }
             Outcome::Busy(blocked) => {
                 attempt.ticket = blocked.ticket;
-                cleanup.attempt = blocked.ticket.map(|_| attempt.clone());
+                // Nothing to withdraw without a queue place, unless an
+                // earlier try failed without an answer: it may still land
+                // and grant the lock to nobody.
+                cleanup.attempt =
+                    (blocked.ticket.is_some() || cleanup.doubtful).then(|| attempt.clone());
                 let (Some(interest), Some(seen)) = (interest.as_mut(), seen) else {
                     return Ok(None);
                 };
@@ -398,6 +402,8 @@ async fn run_inner(
                     .clamp(Duration::from_millis(1), MAX_FALLBACK);
                 let until = deadline.map_or(now + fallback, |d| d.min(now + fallback));
                 tokio::select! {
+                    // Biased: one order of branches, so a seed replays the same.
+                    biased;
                     _ = interest.changed_since(seen) => {}
                     _ = tokio::time::sleep_until(until) => {}
                 }

@@ -248,6 +248,8 @@ impl Hold {
                 }
             };
             tokio::select! {
+                // Biased: one order of branches, so a seed replays the same.
+                biased;
                 _ = tokio::time::sleep_until(until) => {
                     if self.is_released() {
                         std::future::pending::<()>().await;
@@ -297,6 +299,8 @@ impl Hold {
                 }
             };
             tokio::select! {
+                // Biased: one order of branches, so a seed replays the same.
+                biased;
                 _ = tokio::time::sleep_until(until) => {
                     if let Some(reason) = self.ran_out() {
                         // Not if a release came first: mark_lost checks.

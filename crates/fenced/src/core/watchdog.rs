@@ -116,6 +116,8 @@ impl Watchdog {
                 None => return,
                 Some(Err(next)) => {
                     tokio::select! {
+                        // Biased: one order of branches, so a seed replays the same.
+                        biased;
                         _ = tokio::time::sleep_until(next) => {}
                         _ = self.notify.notified() => {}
                     }

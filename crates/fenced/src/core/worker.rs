@@ -41,6 +41,11 @@ pub(crate) fn spawn(backend: Arc<dyn Backend>) -> mpsc::UnboundedSender<Job> {
         let mut running = JoinSet::new();
         loop {
             tokio::select! {
+                // Biased: one order of branches, so a seed replays the
+                // same; finished jobs are reaped first, so a steady stream
+                // of new ones cannot grow the set without end.
+                biased;
+                Some(_) = running.join_next(), if !running.is_empty() => {}
                 job = rx.recv() => match job {
                     None => break,
                     Some(Job::Flush(done)) => {
@@ -59,7 +64,6 @@ pub(crate) fn spawn(backend: Arc<dyn Backend>) -> mpsc::UnboundedSender<Job> {
                         });
                     }
                 },
-                Some(_) = running.join_next(), if !running.is_empty() => {}
             }
         }
         while running.join_next().await.is_some() {}
@@ -141,8 +145,13 @@ async fn run(backend: &Arc<dyn Backend>, job: Job) {
                     "could not withdraw a cancelled acquisition; {}", who_frees(&**backend));
             }
             if unknown {
-                tokio::time::sleep(limit).await;
-                let _ = withdraw(&**backend, limit, &gone).await;
+                // In a task of its own, outside the worker's slots and
+                // its flush: `Client::close` does not wait for it.
+                let backend = backend.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(limit).await;
+                    let _ = withdraw(&*backend, limit, &gone).await;
+                });
             }
         }
         Job::Flush(done) => {

@@ -11,8 +11,13 @@ use tokio::time::Instant;
 #[derive(Clone, Debug)]
 pub(super) struct Belief {
     pub(super) task: usize,
+    /// Which lock.
+    pub(super) lock: usize,
     pub(super) client: usize,
     pub(super) token: u64,
+    /// When the server granted it: the belief must not overlap the one
+    /// before it from here on, though the reply came later.
+    pub(super) granted: Option<Duration>,
     pub(super) from: Duration,
     pub(super) to: Duration,
     pub(super) how: String,
@@ -32,6 +37,8 @@ pub(super) struct Record {
     /// When the server dropped holds it had promised (a session killed,
     /// a restart that lost the state).
     pub(super) kills: Vec<Kill>,
+    /// When the server granted each (lock, token) first.
+    pub(super) granted: std::collections::BTreeMap<(String, u64), Duration>,
     pub(super) grants: usize,
     pub(super) lost: usize,
     pub(super) cancelled: usize,
@@ -74,8 +81,11 @@ impl Log {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Kill {
     pub(super) at: Duration,
+    pub(super) lock: usize,
     pub(super) client: Option<usize>,
     pub(super) upto: u64,
+    /// How long after the kill its holders may still believe.
+    pub(super) within: Duration,
 }
 
 /// A task's belief while it lasts; recorded when it ends, however it
@@ -83,6 +93,7 @@ pub(super) struct Kill {
 pub(super) struct Holding {
     pub(super) log: Arc<Log>,
     pub(super) task: usize,
+    pub(super) lock: usize,
     pub(super) client: usize,
     pub(super) token: u64,
     pub(super) from: Duration,
@@ -106,8 +117,10 @@ impl Drop for Holding {
         self.log.with(|r| {
             r.beliefs.push(Belief {
                 task: self.task,
+                lock: self.lock,
                 client: self.client,
                 token: self.token,
+                granted: None,
                 from: self.from,
                 to,
                 how,
@@ -116,25 +129,26 @@ impl Drop for Holding {
     }
 }
 
-/// Exclusion and rising tokens over the beliefs of one exclusive lock: no
-/// two beliefs overlap (each is half-open: one that ends at the instant
-/// another begins does not overlap it), and in the order they began, their
-/// tokens rise.
+/// Exclusion and rising tokens over the beliefs of one exclusive lock, in
+/// the order the server granted them: no belief may last past the
+/// server's next grant (so a lost signal later than the grant is a
+/// breach, though the new holder hears of its grant later still), and
+/// tokens rise. Beliefs never held (acquired already lost) are left out.
 ///
 /// A belief whose hold the server dropped (`kills`: granted before the
-/// kill, believed after it) may overlap a belief whose grant came after
-/// the kill, and may even begin after it (its reply was on its way): no
-/// client can know of a kill before the next grant. Tokens still rise in
-/// the order of grants, and a belief the server broke is the only one
-/// that can begin after a later grant's.
+/// kill, believed after it) may overlap a grant made after the kill: no
+/// client can know of a kill before the next grant. It must end within
+/// the kill's `within` (RELIABILITY's I4), and tokens still rise.
 pub(super) fn exclusion(beliefs: &[Belief], kills: &[Kill]) -> Vec<String> {
+    let start = |b: &Belief| b.granted.unwrap_or(b.from);
     let mut b: Vec<&Belief> = beliefs.iter().filter(|b| b.to > b.from).collect();
-    b.sort_by_key(|b| (b.from, b.to));
+    b.sort_by_key(|b| (start(b), b.token));
     let broken = |x: &Belief, other: &Belief| {
         kills.iter().any(|k| {
             k.client.is_none_or(|c| c == x.client)
                 && x.token <= k.upto
                 && k.at < x.to
+                && x.to <= k.at + k.within
                 && other.token > k.upto
         })
     };
@@ -142,14 +156,22 @@ pub(super) fn exclusion(beliefs: &[Belief], kills: &[Kill]) -> Vec<String> {
     let mut out = Vec::new();
     for (i, x) in b.iter().enumerate() {
         for y in &b[i + 1..] {
-            if y.from >= x.to {
+            if start(y) >= x.to {
                 break;
             }
             if !excused(x, y) {
                 out.push(format!(
-                    "overlap: t{} (token {}) believed it held from {:?} to {:?} ({}), \
-                     t{} (token {}) from {:?}",
-                    x.task, x.token, x.from, x.to, x.how, y.task, y.token, y.from
+                    "overlap: t{} (token {}) believed it held from {:?} to {:?} ({}); \
+                     t{} (token {}) was granted at {:?} (told at {:?})",
+                    x.task,
+                    x.token,
+                    x.from,
+                    x.to,
+                    x.how,
+                    y.task,
+                    y.token,
+                    start(y),
+                    y.from
                 ));
             }
         }
@@ -158,7 +180,12 @@ pub(super) fn exclusion(beliefs: &[Belief], kills: &[Kill]) -> Vec<String> {
         if w[1].token <= w[0].token && !excused(w[0], w[1]) {
             out.push(format!(
                 "token fell: t{} got {} at {:?} after t{} got {} at {:?}",
-                w[1].task, w[1].token, w[1].from, w[0].task, w[0].token, w[0].from
+                w[1].task,
+                w[1].token,
+                start(w[1]),
+                w[0].task,
+                w[0].token,
+                start(w[0])
             ));
         }
     }
@@ -172,8 +199,10 @@ mod tests {
     fn b(task: usize, token: u64, from: u64, to: u64) -> Belief {
         Belief {
             task,
+            lock: 0,
             client: task,
             token,
+            granted: None,
             from: Duration::from_millis(from),
             to: Duration::from_millis(to),
             how: "released".into(),
@@ -193,8 +222,10 @@ mod tests {
         // grant, excuses nothing.
         let kill = |ms, client, upto| Kill {
             at: Duration::from_millis(ms),
+            lock: 0,
             client,
             upto,
+            within: Duration::from_millis(100),
         };
         let (x, y) = (b(0, 1, 0, 10), b(1, 2, 9, 20));
         assert!(exclusion(&[x.clone(), y.clone()], &[kill(8, Some(0), 1)]).is_empty());
@@ -204,7 +235,14 @@ mod tests {
             exclusion(&[x.clone(), y.clone()], &[kill(8, Some(1), 1)]).len(),
             1
         );
-        assert_eq!(exclusion(&[x, y], &[kill(8, None, 0)]).len(), 1);
+        assert_eq!(exclusion(&[x, y.clone()], &[kill(8, None, 0)]).len(), 1);
+        // Excused only until the holder should have been told.
+        let told_late = b(0, 1, 0, 500);
+        assert_eq!(exclusion(&[told_late, y], &[kill(8, Some(0), 1)]).len(), 1);
+        // Measured from the server's grant, not from its reply.
+        let mut z = b(1, 2, 12, 20);
+        z.granted = Some(Duration::from_millis(9));
+        assert_eq!(exclusion(&[b(0, 1, 0, 10), z], &[]).len(), 1);
         let fell = exclusion(&[b(0, 5, 0, 10), b(1, 2, 10, 20)], none);
         assert_eq!(fell.len(), 1, "{fell:?}");
         assert!(fell[0].starts_with("token fell"));

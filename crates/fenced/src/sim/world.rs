@@ -307,6 +307,25 @@ impl World {
         }
     }
 
+    /// Whether the server keeps a session of `client`.
+    pub(super) fn has_session(&self, client: usize) -> bool {
+        let s = unpoisoned(&self.sessions);
+        s.1.keys().any(|id| *id >> 32 == client as u64)
+    }
+
+    /// Notes when the server granted a hold (the first time: a retry's
+    /// answer is the same grant), which the checker measures beliefs by.
+    fn granted(&self, outcome: &Outcome, name: &LockName) {
+        if let Outcome::Granted { token, .. } = outcome {
+            let at = self.log.now();
+            self.log.with(|r| {
+                r.granted
+                    .entry((name.as_str().to_owned(), *token))
+                    .or_insert(at);
+            });
+        }
+    }
+
     /// The server ends `client`'s session now (an operator's kill, an
     /// expiry the client has not noticed).
     pub(super) async fn expire_session_of(&self, client: usize) -> bool {
@@ -432,7 +451,11 @@ impl LockBackend for SimBackend {
     fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         let mut req = req.clone();
         let Some(s) = self.session.clone() else {
-            return self.send(move |w| async move { w.server.attempt(&req).await });
+            return self.send(move |w| async move {
+                let outcome = w.server.attempt(&req).await?;
+                w.granted(&outcome, &req.name);
+                Ok(outcome)
+            });
         };
         Box::pin(async move {
             let id = s.id.load(Ordering::Acquire);
@@ -447,6 +470,7 @@ impl LockBackend for SimBackend {
                         return Err(Error::unavailable("sim: the session is gone"));
                     }
                     let outcome = w.server.attempt(&req).await?;
+                    w.granted(&outcome, &req.name);
                     let mut sessions = unpoisoned(&w.sessions);
                     let Some(v) = sessions.1.get_mut(&id).map(|v| &mut v.ends) else {
                         return Ok(outcome);

@@ -306,6 +306,17 @@ pub struct LockStatus {
 }
 
 impl LockStatus {
+    #[cfg_attr(
+        not(any(
+            feature = "sqlite",
+            feature = "redis",
+            feature = "postgres",
+            feature = "mysql",
+            feature = "etcd",
+            feature = "zookeeper"
+        )),
+        allow(dead_code)
+    )]
     pub(crate) fn new(holders: Vec<HolderInfo>, waiters: usize, last_token: u64) -> Self {
         LockStatus {
             holders,
