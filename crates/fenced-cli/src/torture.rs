@@ -39,8 +39,8 @@ pub(crate) struct TortureArgs {
     #[arg(long, value_parser = Topology::parse, value_name = "TOPOLOGY")]
     spawn: Option<Topology>,
     /// Faults to inject in turn (comma-separated): kill, pause, cut,
-    /// partition, restart, leader, failover, clock; `all` for every one
-    /// the backend takes; `none` for contention only.
+    /// partition, restart, leader, failover, clock, stall, quorum, slow;
+    /// `all` for every one the backend takes; `none` for contention only.
     #[arg(long, default_value = "all", value_name = "LIST")]
     faults: String,
     /// Worker processes.

@@ -152,8 +152,8 @@ fn bad_arguments_get_one_line_and_exit_2() {
         ("memory://", vec!["torture", "--clients", "1"], "clients"),
         (
             url.as_str(),
-            vec!["torture", "--spawn", "redis", "--faults", "clock"],
-            "clock",
+            vec!["torture", "--spawn", "redis", "--faults", "quorum"],
+            "quorum",
         ),
         (url.as_str(), vec!["bench", "s1", "--iterations", "0"], "0"),
         (url.as_str(), vec!["bench", "s2", "--duration", "0s"], "0s"),

@@ -81,6 +81,18 @@ fn run_with(topology: Topology, faults: &[Fault], defaults: bool) -> serde_json:
         .output()
         .expect("run fenced torture");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    // `FENCED_TORTURE_REPORTS=FILE`: every report appended to FILE, for
+    // `fenced torture --table FILE` (the short profile's table, from one
+    // build).
+    if let Ok(path) = std::env::var("FENCED_TORTURE_REPORTS") {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open {path}: {e}"));
+        writeln!(f, "{}", stdout.trim()).expect("append a report");
+    }
     let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
         panic!(
             "fenced torture --spawn {} printed no report ({e}): {stdout}\n{}",

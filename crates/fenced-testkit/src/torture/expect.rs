@@ -286,8 +286,10 @@ pub fn expect(family: Family, fault: Option<Fault>) -> Option<Expect> {
             B::Sqlite => return None,
             _ => must,
         },
-        // No majority, no grant: holders whose sessions cannot be kept
-        // alive are told, and nobody gets in until the quorum is back.
+        // No majority, no grant: nobody gets in until the quorum is back,
+        // and a holder whose session could not be kept alive meanwhile is
+        // told (the short profile's outage, 1 s, is shorter than any
+        // session: there the holder keeps the lock through it).
         Some(Fault::Quorum) => match family {
             B::ZooKeeper | B::Etcd => must,
             _ => return None,

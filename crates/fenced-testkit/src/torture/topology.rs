@@ -320,12 +320,24 @@ impl Running {
             return Ok(format!("SIGSTOP {n} server(s)"));
         }
         if fault == Fault::Quorum {
-            let (leader, size) = match &self.servers {
+            // An election may be under way (the last fault healed a
+            // moment ago): ask again for a few seconds.
+            let ask = |servers: &Servers| match servers {
                 Servers::Zk(z) => (z.leader(), z.nodes.len()),
                 Servers::Etcd(c) => (c.leader(), c.members.len()),
                 _ => (None, 0),
             };
-            let leader = leader.ok_or("no member says it leads")?;
+            let mut asked = 0;
+            let (leader, size) = loop {
+                match ask(&self.servers) {
+                    (Some(l), n) => break (l, n),
+                    _ if asked < 25 => {
+                        asked += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(200));
+                    }
+                    _ => return Err("no member says it leads".into()),
+                }
+            };
             let victims = vec![leader, (leader + 1) % size];
             for &i in &victims {
                 match &mut self.servers {

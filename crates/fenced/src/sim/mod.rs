@@ -670,11 +670,14 @@ fn seeds() {
     assert!(lost > 0, "no fault ever struck a holder");
 }
 
-/// The seeds that found defects, kept as they are whatever range CI
-/// runs: a session's grant taken over by a retry in a later session (the
-/// simulated server's own, 1914), a waiter's place that a withdrawal with
-/// no ticket could not find (67), and a try held in a stopped server that
-/// landed after its withdrawal and stayed for the session's life (15329).
+/// The seeds that found defects, run whatever range CI runs: a session's
+/// grant taken over by a retry in a later session (the simulated server's
+/// own, 1914), a waiter's place that a withdrawal with no ticket could not
+/// find (67), and a try held in a stopped server that landed after its
+/// withdrawal and stayed for the session's life (15329). The plans and the
+/// tasks' draws have changed since, so these seeds no longer replay those
+/// runs: the regression tests are the conformance and unit tests named in
+/// the fixes; these stay as seeds that once mattered.
 #[test]
 fn seeds_that_found_defects() {
     for seed in [67, 1914, 15329] {
