@@ -40,6 +40,9 @@ pub(super) struct Record {
     /// When the server granted each (lock, token) first.
     pub(super) granted: std::collections::BTreeMap<(String, u64), Duration>,
     pub(super) grants: usize,
+    /// Acquisitions in progress, and when recent ones ended.
+    pub(super) waiting: usize,
+    pub(super) ended: Vec<Duration>,
     pub(super) lost: usize,
     pub(super) cancelled: usize,
 }

@@ -67,6 +67,24 @@ enum Fault {
     Expire { client: usize },
 }
 
+/// `secs` in whole milliseconds, the timer's grain (see `World::delay`).
+fn whole_ms(secs: f64) -> Duration {
+    Duration::from_millis((secs * 1000.0).round() as u64)
+}
+
+impl Fault {
+    /// How long it acts.
+    fn lasts(self) -> Duration {
+        match self {
+            Fault::Cut { secs, .. }
+            | Fault::Pause { secs }
+            | Fault::Restart { secs, .. }
+            | Fault::Lossy { secs, .. } => whole_ms(secs),
+            Fault::Expire { .. } => Duration::ZERO,
+        }
+    }
+}
+
 /// What one seed runs.
 #[derive(Debug)]
 struct Plan {
@@ -211,6 +229,10 @@ fn run_here(seed: u64) -> Outcome {
 }
 
 async fn simulate(plan: Plan) -> Record {
+    // The paused clock starts wherever the real one was, a fraction of a
+    // millisecond off the timer's grain; one sleep puts it on the grain,
+    // so that every deadline after it rounds the same way in every run.
+    tokio::time::sleep(Duration::from_millis(1)).await;
     let log = Log::new();
     let names = lock_names();
     let world = World::new(plan.seed, plan.keeping, plan.clients, log.clone())
@@ -256,6 +278,11 @@ async fn simulate(plan: Plan) -> Record {
         start,
         lease,
     ));
+    let watch = tokio::spawn(watch_places(
+        world.clone(),
+        log.clone(),
+        plan.faults.clone(),
+    ));
 
     // The faults end first, and the tasks go on a while with the server
     // whole: long enough for what a fault left behind, which only its
@@ -263,6 +290,7 @@ async fn simulate(plan: Plan) -> Record {
     // found the server down), to clear.
     tokio::time::sleep_until(stop).await;
     faults.abort();
+    watch.abort();
     world.heal();
     log.note("sim", "every fault healed");
     let settle = lease.max(crate::spi::lease::QUEUE_TTL) + Duration::from_secs(5);
@@ -364,22 +392,15 @@ async fn inject(
     } + Duration::from_secs(1);
     let plan = faults.clone();
     let within = |at: Duration, tight: Duration| {
-        let muffled = plan.iter().any(|&(t, f)| {
-            let lasts = match f {
-                Fault::Cut { secs, .. }
-                | Fault::Pause { secs }
-                | Fault::Lossy { secs, .. }
-                | Fault::Restart { secs, .. } => Duration::from_secs_f64(secs),
-                Fault::Expire { .. } => Duration::ZERO,
-            };
-            t != at && t < at + tight && at < t + lasts
-        });
+        let muffled = plan
+            .iter()
+            .any(|&(t, f)| t != at && t < at + tight && at < t + f.lasts());
         if muffled { hard.max(tight) } else { tight }
     };
     for (at, fault) in faults {
         tokio::time::sleep_until(start + at).await;
         log.note("fault", format_args!("{fault:?}"));
-        let until = |secs: f64| Some(Instant::now() + Duration::from_secs_f64(secs));
+        let until = |secs: f64| Some(Instant::now() + whole_ms(secs));
         let faults = || crate::spi::sync::unpoisoned(&world.faults);
         match fault {
             Fault::Cut { client, secs } => faults().cut[client] = until(secs),
@@ -387,7 +408,7 @@ async fn inject(
             Fault::Restart { secs, lose } => {
                 faults().down = until(secs);
                 if lose {
-                    let down = Duration::from_secs_f64(secs);
+                    let down = whole_ms(secs);
                     kill(&world, &log, None, within(at, down + tell)).await;
                 }
                 world.restart(&names, lose).await;
@@ -404,7 +425,7 @@ async fn inject(
                 }
                 let world = world.clone();
                 tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+                    tokio::time::sleep(whole_ms(secs)).await;
                     let mut f = crate::spi::sync::unpoisoned(&world.faults);
                     f.loss = 0.0;
                     f.jitter = Duration::ZERO;
@@ -426,6 +447,47 @@ fn lock_names() -> Vec<LockName> {
         .iter()
         .map(|n| LockName::new(n).expect("a valid name"))
         .collect()
+}
+
+/// While no fault has acted for longer than a queue place lives
+/// (`QUEUE_TTL`), every place must belong to a wait in progress or one
+/// that ended within the last second: a dropped or ended wait's place is
+/// withdrawn within a round trip when the server is whole, not left to
+/// expire. Looks once a second.
+async fn watch_places(world: Arc<World>, log: Arc<Log>, faults: Vec<(Duration, Fault)>) {
+    let names = lock_names();
+    let quiet_enough = crate::spi::lease::QUEUE_TTL + Duration::from_secs(1);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = log.now();
+        // Since the last fault ended, by the plan (a sample could miss a
+        // short one), and by what acts now.
+        let last = faults
+            .iter()
+            .filter(|(at, _)| *at <= now)
+            .map(|&(at, f)| at + f.lasts())
+            .max()
+            .unwrap_or_default();
+        let quiet = now.saturating_sub(last);
+        if !world.is_whole() || quiet < quiet_enough {
+            continue;
+        }
+        let mut places = 0;
+        for n in &names {
+            places += world.truth(n).await.map_or(0, |s| s.waiters);
+        }
+        let (waiting, recent) = log.with(|r| {
+            r.ended
+                .retain(|t| now.saturating_sub(*t) <= Duration::from_secs(1));
+            (r.waiting, r.ended.len())
+        });
+        if places > waiting + recent {
+            log.breach(format!(
+                "{places} queue places with {waiting} waits in progress and {recent} \
+                 just ended, the server whole for {quiet:?}: a wait's place outlived it"
+            ));
+        }
+    }
 }
 
 /// Records that the server is about to drop holds it granted, and how
@@ -546,6 +608,7 @@ async fn contend(
             log.note(&who, "drops its acquire");
             Ok(None)
         };
+        log.with(|r| r.waiting += 1);
         let got = match r.u8(0..5) {
             0 => lock.try_acquire().await,
             1 => lock.acquire_timeout(patience).await,
@@ -563,6 +626,11 @@ async fn contend(
             }
             _ => lock.acquire().await,
         };
+        let now = log.now();
+        log.with(|r| {
+            r.waiting -= 1;
+            r.ended.push(now);
+        });
         match got {
             Ok(Some(g)) => {
                 let held = g.is_held();

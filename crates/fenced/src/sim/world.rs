@@ -150,11 +150,13 @@ impl World {
         f(&mut unpoisoned(&self.rng))
     }
 
-    /// One message's delay: a base of 0.1 to 2 ms, and the jitter.
+    /// One message's delay: a base of 1 or 2 ms, and the jitter, in
+    /// whole milliseconds (the timer's grain: finer delays would round by
+    /// where the run's clock started, and a seed would not replay).
     fn delay(&self) -> Duration {
         let jitter = unpoisoned(&self.faults).jitter;
-        let micros = jitter.as_micros() as u64;
-        self.draw(|r| Duration::from_micros(r.u64(100..2_000) + r.u64(0..=micros)))
+        let ms = jitter.as_millis() as u64;
+        self.draw(|r| Duration::from_millis(r.u64(1..=2) + r.u64(0..=ms)))
     }
 
     fn lost(&self, client: usize) -> bool {
@@ -184,6 +186,18 @@ impl World {
                 _ => return,
             }
         }
+    }
+
+    /// Whether no fault acts now: every message goes through at once.
+    pub(super) fn is_whole(&self) -> bool {
+        let f = unpoisoned(&self.faults);
+        let now = Instant::now();
+        let past = |u: Option<Instant>| u.is_none_or(|u| u <= now);
+        f.cut.iter().all(|c| past(*c))
+            && past(f.paused)
+            && past(f.down)
+            && f.loss == 0.0
+            && f.jitter.is_zero()
     }
 
     /// Ends every fault now.

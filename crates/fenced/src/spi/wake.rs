@@ -14,14 +14,16 @@
 
 use crate::spi::Ticket;
 use crate::spi::sync::unpoisoned;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 #[derive(Default)]
 pub(crate) struct Wakeups {
-    names: Mutex<HashMap<Arc<str>, Vec<Arc<Slot>>>>,
+    /// Ordered, so that waking every name goes the same way every time
+    /// (the simulation replays a seed only if it does).
+    names: Mutex<BTreeMap<Arc<str>, Vec<Arc<Slot>>>>,
 }
 
 /// One waiter: its own version, and the queue ticket it waits with
