@@ -796,20 +796,22 @@ pub(crate) async fn torture(
                 )
             }
             (Fault::Slow, _) => {
+                // Slow next to the short profile's 2 s lease, yet well
+                // inside it: a SQL renewal is a few round trips, and a
+                // harsher link (20-100 ms, 2% at 250 ms) cost a holder its
+                // lease on PostgreSQL's lease table under a loaded machine.
                 let slow = torture::proxy::Slow {
-                    base: Duration::from_millis(20),
-                    jitter: Duration::from_millis(80),
-                    loss: 0.02,
-                    rto: Duration::from_millis(250),
+                    base: Duration::from_millis(10),
+                    jitter: Duration::from_millis(40),
+                    loss: 0.01,
+                    rto: Duration::from_millis(200),
                 };
                 let lasts = free_after + Duration::from_secs(2);
                 let proxies = || run.urls.iter().filter_map(|(_, p)| p.as_ref());
                 proxies().for_each(|p| p.slow(Some(slow)));
                 tokio::time::sleep(lasts).await;
                 proxies().for_each(|p| p.slow(None));
-                format!(
-                    "every worker's traffic 20–100 ms late, 2% of it 250 ms more, for {lasts:?}"
-                )
+                format!("every worker's traffic 10–50 ms late, 1% of it 200 ms more, for {lasts:?}")
             }
             (Fault::Partition, Some((w, _))) => {
                 let p = run.urls[w as usize - 1].1.as_ref().expect("proxied");

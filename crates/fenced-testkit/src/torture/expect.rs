@@ -33,8 +33,8 @@ pub enum Fault {
     /// SIGKILL a majority of an ensemble or cluster (the leader and one
     /// more), then start them again: no quorum, so no grants meanwhile.
     Quorum,
-    /// Every worker's traffic, in the proxy, 20–100 ms late and now and
-    /// then a retransmission (250 ms) more, for a lease or session and
+    /// Every worker's traffic, in the proxy, 10–50 ms late and now and
+    /// then a retransmission (200 ms) more, for a lease or session and
     /// more: a slow, lossy network, short of a partition.
     Slow,
 }
