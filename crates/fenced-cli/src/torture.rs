@@ -744,6 +744,11 @@ pub(crate) async fn torture(
         };
         if f.needs_victim() && victim.is_none() {
             timeline.push(json!({"t_ms": (mono_ns() - start) / 1_000_000, "fault": f.name(), "skipped": "no holder"}));
+            // The same fault again, once a holder shows (a dead holder's
+            // session may keep the lock a while): moving on left a fault
+            // of a crowded run never injected.
+            k -= 1;
+            tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
         let at = (mono_ns() - start) / 1_000_000;
