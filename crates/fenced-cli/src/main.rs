@@ -27,9 +27,11 @@ fn backend_help() -> String {
         }
     }
     format!(
-        "Backend: --backend URL, else $FENCED_BACKEND, else an SQLite file at \
-         $XDG_STATE_HOME/fenced/locks.db (default ~/.local/state/fenced/locks.db), \
-         shared by every fenced process on this host.\n\
+        "Backend: --backend URL, else $FENCED_BACKEND, else the host's SQLite file \
+         /run/lock/fenced/locks.db (/var/tmp/fenced/locks.db where /run/lock is root's \
+         alone), shared by every user's fenced on this host: the directory is made 0777 \
+         and the file 0666, so every user may take, release and break its locks; name a \
+         file of your own in FENCED_BACKEND for a private one.\n\
          URLs this build opens:\n{}\n\
          Logs: FENCED_LOG=debug (tracing filter syntax).",
         urls.join("\n")

@@ -285,3 +285,127 @@ async fn a_server_that_forgets_commits_is_reported() {
         "no warning: {warned}"
     );
 }
+
+/// `fenced` as another user of this host, with the default backend: the
+/// binary is copied where that user may run it, and `setpriv` drops root.
+fn as_user(bin: &std::path::Path, uid: Option<u32>, args: &[&str]) -> Command {
+    let mut c = match uid {
+        None => Command::new(bin),
+        Some(uid) => {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={uid}"))
+                .arg("--clear-groups")
+                .arg("--")
+                .arg(bin);
+            c
+        }
+    };
+    // What a user's shell has: no backend named, a home of their own.
+    c.args(args)
+        .env_remove("FENCED_BACKEND")
+        .env_remove("XDG_STATE_HOME")
+        .env(
+            "HOME",
+            if uid.is_some() {
+                "/nonexistent"
+            } else {
+                "/root"
+            },
+        )
+        .stdin(std::process::Stdio::null());
+    c
+}
+
+#[test]
+fn two_users_exclude_each_other_with_the_default_backend() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+        eprintln!("skipped: only root can run fenced as a second user (CI runs as root)");
+        return;
+    }
+    let nobody = 65534;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("fenced");
+    std::fs::copy(env!("CARGO_BIN_EXE_fenced"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let name = format!("two-users-{}", std::process::id());
+    let t = fenced_testkit::Timing::default();
+    for (holder, other) in [(None, Some(nobody)), (Some(nobody), None)] {
+        let mut held = as_user(&bin, holder, &["run", &name, "--", "sleep", "60"]);
+        let mut held = held
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        // Asked as the other user: the holder shows in the host's file.
+        let deadline = std::time::Instant::now() + t.eventually();
+        loop {
+            let out = as_user(&bin, other, &["status", &name, "--json"])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.code().is_some(),
+                "status as uid {other:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+                panic!(
+                    "status as uid {other:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            });
+            if v["held"] == true {
+                break;
+            }
+            if let Ok(Some(status)) = held.try_wait() {
+                let mut err = String::new();
+                use std::io::Read;
+                held.stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                panic!("the holder (uid {holder:?}) exited {status}: {err}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the holder (uid {holder:?}) never took the lock"
+            );
+            std::thread::sleep(t.ms(20));
+        }
+        let out = as_user(&bin, other, &["run", &name, "--wait", "0", "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(75),
+            "uid {other:?} took {name} while uid {holder:?} held it: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // SIGTERM to the group: `fenced run` passes it on, CMD ends, and
+        // the lock is released.
+        let killed = Command::new("kill")
+            .args(["-TERM", "--", &format!("-{}", held.id())])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        held.wait().unwrap();
+        // Freed, the other user takes it.
+        let out = as_user(&bin, other, &["run", &name, "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "uid {other:?} could not take the freed lock: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let file = fenced::default_sqlite_path();
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o666, 0o666, "{} is {mode:o}", file.display());
+}

@@ -34,6 +34,22 @@ fenced_testkit::conformance_suite!(
     }
 );
 
+// The same in a directory every user may write, as the host's default
+// lock file is: the file is made writable by all.
+fenced_testkit::conformance_suite!(
+    sqlite_shared,
+    Fixture::sqlite_shared(env!("CARGO_BIN_EXE_fenced")),
+    [core, rw, permits, fair, processes],
+    skip {
+        network: no_network,
+        session: lease_held,
+        restart: "an SQLite file has no server to restart",
+        run_cut_off: no_network,
+        leader: "one file: no leader",
+        pause: lease_frees_paused,
+    }
+);
+
 fenced_testkit::conformance_suite!(
     redis,
     Fixture::redis(env!("CARGO_BIN_EXE_fenced")),

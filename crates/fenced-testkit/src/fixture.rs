@@ -231,6 +231,19 @@ impl Fixture {
         f
     }
 
+    /// A fresh SQLite file in a directory every user may write, as the
+    /// host's default lock file is (`/run/lock/fenced`): the file is then
+    /// made writable by every user.
+    pub fn sqlite_shared(fenced_bin: impl Into<PathBuf>) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let f = Fixture::sqlite(fenced_bin);
+        let file = std::path::Path::new(f.url.trim_start_matches("sqlite://"));
+        let dir = file.parent().expect("the SQLite file's directory");
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
+            .expect("the temp dir opened to every user");
+        f
+    }
+
     /// A fresh `redis-server`.
     pub fn redis(fenced_bin: impl Into<PathBuf>) -> Self {
         Fixture::redis_with(fenced_bin, "")

@@ -71,8 +71,10 @@ impl Client {
         ))
     }
 
-    /// Connects to the URL in `FENCED_BACKEND`, or else to the SQLite file
-    /// at [`default_sqlite_path`](crate::default_sqlite_path).
+    /// Connects to the URL in `FENCED_BACKEND`, or else to the host's SQLite
+    /// file at [`default_sqlite_path`](crate::default_sqlite_path), which
+    /// every user's processes on the host share (its directory is made if
+    /// missing).
     pub async fn from_env() -> Result<Client> {
         match std::env::var(BACKEND_ENV) {
             Ok(url) if !url.trim().is_empty() => Client::connect(url.trim()).await,

@@ -1,7 +1,9 @@
 //! `sqlite:///path/to/locks.db`: the embedded default.
 //!
 //! A lease table in one SQLite file (WAL mode), shared by every process on
-//! the host that opens the same path. No server to run.
+//! the host that opens the same path. No server to run. In a directory
+//! every user may write (the host's default, `/run/lock/fenced`), the file
+//! is made writable by every user, so all users' processes share it.
 //!
 //! # Layout
 //!
@@ -49,7 +51,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{Row, SqliteConnection};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -82,6 +84,10 @@ impl SqliteBackend {
             ));
         }
         let path = PathBuf::from(path);
+        let shared = open_to_all_users(&path);
+        if shared {
+            precreate_for_all_users(&path)?;
+        }
         let opts = SqliteConnectOptions::new()
             .filename(&path)
             .create_if_missing(true)
@@ -92,8 +98,16 @@ impl SqliteBackend {
             // caller's deadline allows) rather than wait on.
             .busy_timeout(DEFAULT_TIMEOUT);
         let cannot = |e: sqlx::Error| {
+            let hint = if shared {
+                "; this file is for every user of the host, so it, its -wal and -shm files and \
+                 its directory must be writable by all: use a directory of its own with mode \
+                 0777, as the default /run/lock/fenced (in a sticky one such as /tmp, Linux's \
+                 fs.protected_regular keeps users from opening each other's -wal files)"
+            } else {
+                ""
+            };
             Error::unavailable(format!(
-                "cannot open the SQLite lock file {}: {e}",
+                "cannot open the SQLite lock file {}: {e}{hint}",
                 path.display()
             ))
             .with_source(e)
@@ -121,6 +135,48 @@ impl SqliteBackend {
             wakeups,
             wake,
         }))
+    }
+}
+
+/// Whether the file's directory lets every user add files (as `/run/lock`
+/// and `/var/tmp` do, and the host's default lock directory): then the file
+/// is meant for every user of the host.
+fn open_to_all_users(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o002 != 0)
+}
+
+/// Makes the lock file, where missing, readable and writable by every user
+/// (whatever the umask), so that one user's processes can take a lock that
+/// another user's hold; SQLite gives its `-wal` and `-shm` files the same
+/// mode, and opens all three with `O_NOFOLLOW`, so a link planted in the
+/// shared directory redirects nobody's writes.
+fn precreate_for_all_users(path: &Path) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    // `create_new` is O_EXCL: it neither follows a planted symlink nor
+    // touches a file that exists.
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o666)
+        .open(path)
+    {
+        Ok(f) => f
+            .set_permissions(std::fs::Permissions::from_mode(0o666))
+            .map_err(|e| {
+                Error::unavailable(format!("cannot open {} to every user", path.display()))
+                    .with_source(e)
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::unavailable(format!(
+            "cannot make the SQLite lock file {}: {e}",
+            path.display()
+        ))
+        .with_source(e)),
     }
 }
 
