@@ -112,6 +112,48 @@ fn is_usage(e: &anyhow::Error) -> bool {
     })
 }
 
+/// clap's message on one line, whole, without its usage and tips
+/// (`--help` has those): "the following required arguments were not
+/// provided: <NAME>".
+fn one_line(rendered: &str) -> String {
+    // The message is the first paragraph; usage and tips come after a
+    // blank line.
+    let words: Vec<&str> = rendered
+        .lines()
+        .skip_while(|l| l.trim().is_empty())
+        .take_while(|l| !l.trim().is_empty())
+        .flat_map(str::split_whitespace)
+        .collect();
+    match words.join(" ") {
+        w if w.is_empty() => "invalid arguments".to_owned(),
+        w => w.trim_start_matches("error: ").to_owned(),
+    }
+}
+
+/// An error and its causes, each said once: fenced's messages quote the
+/// engine's error, whose own causes often repeat it word for word.
+fn each_cause_once(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let said = cause.to_string();
+        if said.is_empty() || text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
+}
+
+/// Colour in logs only on a terminal, and never with `NO_COLOR` set
+/// (<https://no-color.org>).
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) && std::io::stderr().is_terminal()
+}
+
 /// Parses `500ms`, `30s`, `2m`, `1h`, or `0`.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim() == "0" {
@@ -141,13 +183,7 @@ fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
-            // One line that names the bad value; `--help` has the rest.
-            let text = e.render().to_string();
-            let line = text
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            eprintln!("fenced: {}", line.trim_start_matches("error: "));
+            eprintln!("fenced: {}", one_line(&e.render().to_string()));
             return ExitCode::from(2);
         }
     };
@@ -157,6 +193,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
         .init();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -186,7 +223,7 @@ fn main() -> ExitCode {
         match result {
             Ok(code) => code,
             Err(e) => {
-                eprintln!("fenced: {e:#}");
+                eprintln!("fenced: {}", each_cause_once(&e));
                 if is_usage(&e) {
                     ExitCode::from(2)
                 } else {
@@ -203,4 +240,34 @@ pub(crate) async fn connect(backend: Option<&str>) -> anyhow::Result<fenced::Cli
         Some(url) => fenced::Client::connect(url).await?,
         None => fenced::Client::from_env().await?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_already_quoted_is_not_said_again() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = anyhow::Error::new(io)
+            .context("cannot connect to 127.0.0.1:1: Connection refused")
+            .context("backend unavailable");
+        assert_eq!(
+            each_cause_once(&e),
+            "backend unavailable: cannot connect to 127.0.0.1:1: Connection refused"
+        );
+    }
+
+    #[test]
+    fn clap_messages_stay_whole_on_one_line() {
+        let e = Cli::try_parse_from(["fenced", "status"]).unwrap_err();
+        let line = one_line(&e.render().to_string());
+        assert!(line.contains("<NAME>"), "{line}");
+        assert!(!line.contains("Usage"), "{line}");
+        let e =
+            Cli::try_parse_from(["fenced", "run", "x", "--wait", "abc", "--", "true"]).unwrap_err();
+        let line = one_line(&e.render().to_string());
+        assert!(line.ends_with("30s or 2m"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+    }
 }

@@ -173,6 +173,29 @@ fn bad_arguments_get_one_line_and_exit_2() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-dir/sub/locks.db"));
 }
 
+/// A server that refuses the connection is reported as refusing it, once,
+/// on one line, at once rather than after a pool's timeout (this test
+/// asserts the words, not the time). Port 1 on loopback: nothing listens.
+#[test]
+fn a_refused_connection_is_said_once() {
+    for url in [
+        "redis://127.0.0.1:1",
+        "postgres://u@127.0.0.1:1/db",
+        "postgres://u@127.0.0.1:1/db?mode=advisory",
+        "mysql://u@127.0.0.1:1/db",
+        "zk://127.0.0.1:1,127.0.0.1:2/",
+    ] {
+        let out = fenced(url, &["status", "x"]);
+        assert_eq!(out.status.code(), Some(1), "{url}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{url}: {err}");
+        assert!(!err.contains("timed out"), "{url}: {err}");
+        let refusals = err.matches("Connection refused").count();
+        let hosts = url.matches("127.0.0.1").count();
+        assert_eq!(refusals, hosts, "{url}: {err}");
+    }
+}
+
 #[test]
 fn flash_sale_sells_exactly_the_stock_with_a_lock() {
     let dir = tempfile::tempdir().unwrap();

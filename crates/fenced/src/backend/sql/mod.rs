@@ -231,6 +231,27 @@ impl<T> IdleSessions<T> {
     }
 }
 
+/// Opens one connection outside the pool and closes it, so that a server
+/// that cannot be reached is reported as what it is (connection refused, a
+/// name that does not resolve, a wrong password) as soon as it is known:
+/// the pool retries such errors until its acquire timeout and then says
+/// only that it timed out. `Err(None)`: no answer within `timeout`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn first_connection<C: sqlx::Connection>(
+    opts: &<C as sqlx::Connection>::Options,
+    timeout: Duration,
+) -> std::result::Result<(), Option<sqlx::Error>> {
+    match tokio::time::timeout(timeout, C::connect_with(opts)).await {
+        Ok(Ok(conn)) => {
+            // Closing politely is a courtesy; the pool opens its own.
+            let _ = tokio::time::timeout(timeout, conn.close()).await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(Some(e)),
+        Err(_) => Err(None),
+    }
+}
+
 /// Whether a pooled connection idle for a while still has its server: a
 /// ping, but only for one idle longer than [`STALE_AFTER`]. sqlx pings every
 /// connection it hands out by default, a round trip before each grant and

@@ -254,6 +254,7 @@ impl ZkBackend {
         sorted.sort();
         sorted.dedup();
         let identity = format!("zk://{}{chroot}", sorted.join(","));
+        reachable(&hosts, timeout, &label).await?;
         let dialed = Instant::now();
         let first = ZkShared::dial(&connect, session_timeout, &digest, &label).await?;
         let bound = believed_until(dialed, first.session_timeout());
@@ -286,6 +287,35 @@ impl ZkBackend {
         let monitor = tokio::spawn(monitor(inner.clone()));
         Ok(Arc::new(ZkBackend { inner, monitor }))
     }
+}
+
+/// Fails at once, naming each host's error, when no host of the ensemble
+/// takes a TCP connection: the ZooKeeper client retries a refused
+/// connection until the session timeout ends and then says only "timeout".
+async fn reachable(hosts: &[String], timeout: Duration, label: &str) -> Result<()> {
+    let mut tries = tokio::task::JoinSet::new();
+    for h in hosts {
+        let h = h.clone();
+        tries.spawn(async move {
+            match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(h.as_str())).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("{h}: {e}")),
+                Err(_) => Err(format!("{h}: no answer within {timeout:?}")),
+            }
+        });
+    }
+    let mut why = Vec::new();
+    while let Some(r) = tries.join_next().await {
+        match r {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => why.push(e),
+            Err(e) => why.push(format!("a connection attempt failed: {e}")),
+        }
+    }
+    Err(Error::unavailable(format!(
+        "ZooKeeper at {label} is unreachable: {}",
+        why.join("; ")
+    )))
 }
 
 /// The URL for messages: the digest's password replaced by `***`.

@@ -132,6 +132,14 @@ impl MySqlBackend {
         // A wait for a row lock gives up no later than the client does
         // (the setting counts whole seconds).
         let lock_wait = timeout.as_secs().max(1);
+        crate::backend::sql::first_connection::<sqlx::MySqlConnection>(&opts, timeout)
+            .await
+            .map_err(|e| match e {
+                Some(e) => db(&label, e),
+                None => Error::unavailable(format!(
+                    "MySQL at {label} did not answer within {timeout:?}"
+                )),
+            })?;
         let pool = MySqlPoolOptions::new()
             .max_connections(pool_size)
             .acquire_timeout(timeout)

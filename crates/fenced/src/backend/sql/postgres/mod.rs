@@ -98,6 +98,14 @@ impl PgBackend {
             opts.get_port(),
             opts.get_database().unwrap_or(opts.get_username())
         );
+        crate::backend::sql::first_connection::<sqlx::PgConnection>(&opts, timeout)
+            .await
+            .map_err(|e| match e {
+                Some(e) => db(&label, e),
+                None => Error::unavailable(format!(
+                    "PostgreSQL at {label} did not answer within {timeout:?}"
+                )),
+            })?;
         let pool = PgPoolOptions::new()
             .max_connections(pool_size)
             .acquire_timeout(timeout)
