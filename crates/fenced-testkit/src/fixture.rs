@@ -69,9 +69,10 @@ pub async fn two_clients(url: &str) -> (fenced::Client, fenced::Client) {
 /// renewing has it.
 pub async fn hold(client: &fenced::Client, name: &str, lease: fenced::Lease) -> fenced::Guard {
     let mutex = client.mutex(name).unwrap();
-    let mutex = match lease {
-        fenced::Lease::Renewed(d) => mutex.lease(d),
-        fenced::Lease::Fixed(d) => mutex.fixed_lease(d),
+    let mutex = if lease.is_renewed() {
+        mutex.lease(lease.duration())
+    } else {
+        mutex.fixed_lease(lease.duration())
     };
     mutex.acquire().await.unwrap()
 }

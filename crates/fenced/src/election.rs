@@ -47,6 +47,7 @@ impl Election {
     }
 
     /// The lock behind the election, to set its lease, owner or retry policy.
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
     pub fn with_lock(mut self, f: impl FnOnce(Mutex) -> Mutex) -> Self {
         self.lock = f(self.lock);
         self
@@ -118,6 +119,7 @@ impl Election {
 /// Dropping it resigns (in the background); watch [`Guard::lost`] to stop
 /// leading work the moment leadership is lost.
 #[derive(Debug)]
+#[must_use = "dropping leadership resigns at once"]
 pub struct Leadership {
     guard: Guard,
     value: FencedRegister,

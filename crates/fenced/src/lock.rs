@@ -59,6 +59,7 @@ impl Lock {
     }
 
     /// The lease, kept as renewed or fixed as it was (renewed by default).
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.opts.lease = match self.opts.lease {
             Lease::Renewed(_) => Lease::Renewed(lease),
@@ -68,6 +69,7 @@ impl Lock {
     }
 
     /// Turns watchdog renewal on (the default) or off.
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
     pub fn watchdog(mut self, on: bool) -> Self {
         let d = self.opts.lease.duration();
         self.opts.lease = if on {
@@ -80,6 +82,7 @@ impl Lock {
 
     /// A lease that is never renewed: the hold ends after `lease` and the
     /// guard's lost signal fires then.
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
     pub fn fixed_lease(self, lease: Duration) -> Self {
         self.lease(lease).watchdog(false)
     }
@@ -91,6 +94,7 @@ impl Lock {
     /// release that wakes a queued waiter keeps the lock for it against
     /// unfair requests for a moment (10 ms), as Go's `sync.Mutex` hands
     /// over to a starving waiter.
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
     pub fn fair(mut self, fair: bool) -> Self {
         self.opts.fair = fair;
         self
@@ -99,12 +103,14 @@ impl Lock {
     /// How long [`acquire`](Lock::acquire) waits before it fails with
     /// [`TimedOut`](ErrorKind::TimedOut); `Duration::ZERO` makes it fail
     /// at once with [`WouldBlock`](ErrorKind::WouldBlock). Unset: for ever.
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
     pub fn wait_timeout(mut self, wait: Duration) -> Self {
         self.opts.wait_timeout = Some(wait);
         self
     }
 
     /// The policy for retrying transient backend errors while acquiring.
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.opts.retry = policy;
         self
@@ -116,6 +122,7 @@ impl Lock {
     /// lock may take read. Without an owner (the default) every
     /// acquisition is its own owner, unless it runs inside
     /// [`Owner::scope`].
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
     pub fn owner(mut self, owner: &Owner) -> Self {
         self.opts.owner = Some(owner.clone());
         self
@@ -379,6 +386,7 @@ macro_rules! thin_lock {
     };
     (@options $($name:ident($($arg:ident: $ty:ty),*)),* $(,)?) => {$(
         #[doc = concat!("As [`Lock::", stringify!($name), "`](crate::Lock::", stringify!($name), ").")]
+        #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
         pub fn $name(mut self, $($arg: $ty),*) -> Self {
             self.lock = self.lock.$name($($arg),*);
             self

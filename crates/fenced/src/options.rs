@@ -15,6 +15,7 @@ pub const MAX_PERMITS: u32 = 1_000_000;
 
 /// How a hold's lease is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Lease {
     /// The lease is renewed every third of its length by the client's
     /// watchdog for as long as the guard lives (Redisson's default).
@@ -56,6 +57,7 @@ impl Lease {
 /// Options of one lock handle; set through the builder methods of
 /// [`Lock`](crate::Lock).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LockOptions {
     pub(crate) lease: Lease,
     pub(crate) fair: bool,

@@ -34,6 +34,7 @@ impl Semaphore {
     /// How many permits each acquisition takes (1 by default). A count of
     /// 0, or more than the semaphore has, is refused with
     /// [`InvalidInput`](crate::ErrorKind::InvalidInput) when acquiring.
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
     pub fn permits(mut self, take: u32) -> Self {
         if let Mode::Permits { take: t, .. } = &mut self.lock.mode {
             *t = take;

@@ -44,6 +44,7 @@ pub struct Versioned {
 /// # Ok::<_, fenced::Error>(()) }).unwrap();
 /// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct VersionedValue {
     client: Client,
     name: LockName,
@@ -66,6 +67,7 @@ impl VersionedValue {
 
     /// How many lost races [`update`](Self::update) takes before it gives
     /// up (default 100).
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
     pub fn max_conflicts(mut self, n: u32) -> Self {
         self.max_conflicts = n;
         self

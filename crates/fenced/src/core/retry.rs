@@ -29,6 +29,7 @@ pub const MAX_RETRY_PAUSE: Duration = Duration::from_secs(3600);
 /// assert_eq!(p.delay(10, Duration::ZERO), None);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RetryPolicy {
     /// Never retry.
     Never,

@@ -3,7 +3,6 @@
 
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use std::hash::Hasher;
 
 /// A fence as SQL's signed 64-bit integer.
 #[cfg_attr(
@@ -43,26 +42,7 @@ pub(crate) fn parse_i64(name: &LockName, v: &[u8]) -> Result<i64> {
         })
 }
 
-/// FNV-1a, written out because the standard hashers promise no stability
-/// across Rust releases and every process of a service must map a key to
-/// the same segment.
-pub(crate) struct Fnv1a(u64);
-
-impl Default for Fnv1a {
-    fn default() -> Self {
-        Fnv1a(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for Fnv1a {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
+/// FNV-1a (64-bit): the standard hashers promise no stability across Rust
+/// releases, and every process of a service must map a key to the same
+/// segment and a name to the same advisory key. Pinned by test vectors.
+pub(crate) use fnv::FnvHasher as Fnv1a;

@@ -21,6 +21,7 @@ pub(crate) type RegisterValue = Option<(Vec<u8>, u64)>;
 
 /// How a hold shares its lock with others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Mode {
     /// One owner at a time (a mutex, or the write side of a read-write lock).
     Exclusive,
@@ -33,6 +34,21 @@ pub enum Mode {
         /// Permits the semaphore has in all.
         max: u32,
     },
+}
+
+/// `exclusive`, `shared`, or `2 of 5 permits`, as `fenced status` prints it.
+///
+/// ```
+/// assert_eq!(fenced::Mode::Shared.to_string(), "shared");
+/// ```
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mode::Exclusive => f.write_str("exclusive"),
+            Mode::Shared => f.write_str("shared"),
+            Mode::Permits { take, max } => write!(f, "{take} of {max} permits"),
+        }
+    }
 }
 
 impl Mode {
@@ -295,6 +311,7 @@ impl Attempt {
 
 /// What the backend knows of one lock name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockStatus {
     /// The current holders (empty when free).
     pub holders: Vec<HolderInfo>,
@@ -333,6 +350,7 @@ impl LockStatus {
 
 /// One holder of a lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HolderInfo {
     /// `<client id>:<owner id>`.
     pub owner: String,
@@ -346,6 +364,7 @@ pub struct HolderInfo {
 
 /// Where a backend records a hold (see [`Guard::ownership`](crate::Guard::ownership)).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Ownership {
     /// The key (etcd) or node path (ZooKeeper) of the hold.
     pub key: Vec<u8>,
