@@ -172,6 +172,11 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     }
     let client = crate::connect(backend.as_deref()).await?;
     let url = client.url().to_owned();
+    for s in &args.scenarios {
+        if matches!(s, Scenario::S2 | Scenario::S3 | Scenario::S4) {
+            crate::needs_processes(&url, &format!("{s:?}"))?;
+        }
+    }
     let mut plot = Plot::default();
     let bar = |what: &str, len: Option<u64>| progress(!args.json, what, len);
     let scheme = url.split(':').next().unwrap_or("").to_owned();

@@ -76,6 +76,7 @@ pub(crate) struct WorkerArgs {
 pub(crate) async fn demo(backend: Option<String>, demo: Demo) -> anyhow::Result<ExitCode> {
     let Demo::FlashSale(args) = demo;
     let client = connect(backend.as_deref()).await?;
+    crate::needs_processes(client.url(), "the flash-sale demo")?;
     let modes = match args.mode {
         Mode::All => vec![Mode::None, Mode::Lock, Mode::Segmented, Mode::Atomic],
         m => vec![m],

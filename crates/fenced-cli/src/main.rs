@@ -16,6 +16,10 @@ mod torture;
 pub(crate) const EXIT_NOT_ACQUIRED: u8 = 75;
 /// Exit code when the lock was lost while CMD ran and CMD was killed.
 pub(crate) const EXIT_LOST: u8 = 76;
+/// Exit code when the backend fails (unreachable, refusing, answering
+/// nonsense): sysexits' `EX_UNAVAILABLE`, apart from CMD's own codes and
+/// from `status`'s 1 for a free lock.
+pub(crate) const EXIT_BACKEND: u8 = 69;
 
 /// The help text's backend section, from the backend table: every URL
 /// this build of fenced can open.
@@ -59,10 +63,13 @@ enum Command {
     /// Hold lock NAME while CMD runs, renewing its lease.
     ///
     /// CMD gets FENCED_LOCK (the name) and FENCED_TOKEN (the fencing token)
-    /// in its environment. fenced exits with CMD's exit code; 75 if the lock
-    /// was not had within --wait; 76 if the lock was lost and CMD killed.
+    /// in its environment. fenced exits with CMD's exit code; 75 (or -E's)
+    /// if the lock was not had within --wait; 76 if the lock was lost and
+    /// CMD killed; 69 if the backend failed; 2 for a bad argument.
     Run(run::RunArgs),
     /// Show whether lock NAME is held, by whom, its token and lease left.
+    /// Exits 0 when held, 1 when free (as `test`: `if fenced status NAME`),
+    /// 69 if the backend failed, 2 for a bad argument.
     Status(status::StatusArgs),
     /// Demonstrations with real worker processes.
     #[command(subcommand)]
@@ -156,11 +163,13 @@ fn colour_on_stderr() -> bool {
 
 /// Parses `500ms`, `30s`, `2m`, `1h`, or `0`.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    if s.trim() == "0" {
-        return Ok(Duration::ZERO);
+    let bad = || format!("{s:?} is not a duration; write it like 500ms, 30s, 2m, or 2.5 (seconds)");
+    let s = s.trim();
+    // A bare number is seconds, as flock's `-w 2.5` and `sleep 2.5` read it.
+    if let Ok(secs) = s.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs).map_err(|_| bad());
     }
-    humantime::parse_duration(s.trim())
-        .map_err(|_| format!("{s:?} is not a duration; write it like 500ms, 30s or 2m"))
+    humantime::parse_duration(s).map_err(|_| bad())
 }
 
 /// A duration above zero.
@@ -227,11 +236,24 @@ fn main() -> ExitCode {
                 if is_usage(&e) {
                     ExitCode::from(2)
                 } else {
-                    ExitCode::FAILURE
+                    ExitCode::from(EXIT_BACKEND)
                 }
             }
         }
     })
+}
+
+/// Refuses a backend that worker processes cannot share (`memory://` lives
+/// in one process): a demo or benchmark across processes would measure
+/// nothing, or show a lock that excludes no one.
+pub(crate) fn needs_processes(url: &str, what: &str) -> anyhow::Result<()> {
+    if url.starts_with("memory:") {
+        return Err(usage(format!(
+            "{url}: {what} runs worker processes, and memory:// is one process's; \
+             give a backend processes share (sqlite:///path/locks.db, redis://...)"
+        )));
+    }
+    Ok(())
 }
 
 /// Connects to the backend the user named, or the default SQLite file.

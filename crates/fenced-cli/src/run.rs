@@ -14,8 +14,27 @@ pub(crate) struct RunArgs {
     /// The lock's name.
     name: String,
     /// How long to wait for the lock: 0 = do not wait; unset = for ever.
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION", allow_hyphen_values = true)]
+    /// A bare number is seconds, as flock's `-w`.
+    #[arg(short = 'w', long, visible_alias = "timeout", value_parser = parse_duration,
+          value_name = "DURATION", allow_hyphen_values = true, conflicts_with = "nonblock")]
     wait: Option<Duration>,
+    /// Do not wait: as `--wait 0` (flock's `-n`).
+    #[arg(short = 'n', long)]
+    nonblock: bool,
+    /// The exit code when the lock is not had in time (flock's `-E`).
+    #[arg(short = 'E', long, value_name = "CODE", default_value_t = EXIT_NOT_ACQUIRED,
+          value_parser = clap::value_parser!(u8).range(1..))]
+    conflict_exit_code: u8,
+    /// Take the lock shared: the read side of the read-write lock NAME, held
+    /// beside other shared holders, never beside an exclusive one (flock's `-s`).
+    #[arg(short = 's', long, conflicts_with = "permits")]
+    shared: bool,
+    /// Take N permits of the semaphore NAME (which has `--of` in all).
+    #[arg(long, value_name = "N", requires = "of", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
+    /// The semaphore's permits in all, with `--permits`.
+    #[arg(long, value_name = "M", requires = "permits", value_parser = clap::value_parser!(u32).range(1..))]
+    of: Option<u32>,
     /// The lease, renewed every third of it while CMD runs.
     #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION", allow_hyphen_values = true)]
     lease: Duration,
@@ -40,20 +59,42 @@ enum OnLost {
 
 pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Result<ExitCode> {
     let client = connect(backend.as_deref()).await?;
-    let lock = client.mutex(&args.name)?.lease(args.lease).fair(args.fair);
-    let guard = match args.wait {
+    let lock = match (args.shared, args.permits, args.of) {
+        (true, _, _) => client.rwlock(&args.name)?.read(),
+        (false, Some(take), Some(max)) => {
+            if take > max {
+                return Err(crate::usage(format!(
+                    "--permits {take} is more than the semaphore's {max} (--of)"
+                )));
+            }
+            client
+                .semaphore(&args.name, max)?
+                .permits(take)
+                .as_lock()
+                .clone()
+        }
+        _ => client.mutex(&args.name)?.as_lock().clone(),
+    };
+    let lock = lock.lease(args.lease).fair(args.fair);
+    let wait = if args.nonblock {
+        Some(Duration::ZERO)
+    } else {
+        args.wait
+    };
+    let guard = match wait {
         None => Some(lock.acquire().await?),
         Some(d) if d.is_zero() => lock.try_acquire().await?,
         Some(d) => lock.acquire_timeout(d).await?,
     };
     let Some(guard) = guard else {
-        let wait = args.wait.map(|d| humantime::format_duration(d).to_string());
+        let wait = wait.map(|d| humantime::format_duration(d).to_string());
         eprintln!(
             "fenced: lock {:?} is held elsewhere; not acquired within {}",
             args.name,
             wait.as_deref().unwrap_or("the wait")
         );
-        return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
+        client.close().await;
+        return Ok(ExitCode::from(args.conflict_exit_code));
     };
     let token = guard.fencing_token();
     let mut cmd = tokio::process::Command::new(&args.cmd[0]);

@@ -2,7 +2,6 @@
 
 use crate::connect;
 use clap::Args;
-use fenced::Mode;
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
@@ -12,14 +11,6 @@ pub(crate) struct StatusArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-}
-
-fn mode_str(m: Mode) -> String {
-    match m {
-        Mode::Exclusive => "exclusive".into(),
-        Mode::Shared => "shared".into(),
-        Mode::Permits { take, max } => format!("{take} of {max} permits"),
-    }
 }
 
 pub(crate) async fn status(backend: Option<String>, args: StatusArgs) -> anyhow::Result<ExitCode> {
@@ -32,7 +23,7 @@ pub(crate) async fn status(backend: Option<String>, args: StatusArgs) -> anyhow:
             .map(|h| {
                 serde_json::json!({
                     "owner": h.owner,
-                    "mode": mode_str(h.mode),
+                    "mode": h.mode.to_string(),
                     "token": h.token,
                     "lease_left_ms": h.lease_left.as_millis() as u64,
                 })
@@ -58,12 +49,17 @@ pub(crate) async fn status(backend: Option<String>, args: StatusArgs) -> anyhow:
             println!(
                 "  holder {}  {}  token {}  lease left {:.1}s",
                 h.owner,
-                mode_str(h.mode),
+                h.mode,
                 h.token,
                 h.lease_left.as_secs_f64()
             );
         }
     }
     client.close().await;
-    Ok(ExitCode::SUCCESS)
+    // As `test`: scripts write `if fenced status NAME; then ...`.
+    Ok(if st.is_free() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

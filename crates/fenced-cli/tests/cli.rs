@@ -36,7 +36,8 @@ fn run_passes_token_and_exit_code() {
     assert_eq!(words.next(), Some("job"));
     let token: u64 = words.next().unwrap().parse().unwrap();
     let status = fenced(&url, &["status", "job", "--json"]);
-    assert!(status.status.success());
+    // Free: 1, as `test` says false.
+    assert_eq!(status.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(v["held"], false);
     assert_eq!(v["last_token"].as_u64(), Some(token));
@@ -69,6 +70,112 @@ fn busy_lock_exits_75_without_waiting() {
     let out = fenced(&url, &["run", "busy", "--wait", "200ms", "--", "true"]);
     assert_eq!(out.status.code(), Some(75));
     fenced_testkit::process::kill_group(&mut holder);
+}
+
+/// flock's habits: `-n`, `-w SECONDS`, `-E CODE`, `-s`; and a semaphore's
+/// permits; and `status` as a test (0 held, 1 free).
+#[test]
+fn run_speaks_flock_and_status_is_a_test() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fenced"));
+    let t = fenced_testkit::Timing::default();
+    let wait_held = |name: &str, holders: usize| {
+        let deadline = std::time::Instant::now() + t.eventually();
+        loop {
+            let out = fenced(&url, &["status", name, "--json"]);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            if v["holders"].as_array().unwrap().len() == holders {
+                assert_eq!(out.status.code(), Some(0), "held: status says 0");
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} never had {holders} holders"
+            );
+            std::thread::sleep(t.ms(20));
+        }
+    };
+    // Two shared holders at once; an exclusive one is refused beside them.
+    let mut r1 = fenced_testkit::process::spawn_run(bin, &url, "files", &["-s"], &["sleep", "30"]);
+    wait_held("files", 1);
+    let out = fenced(&url, &["run", "-s", "-n", "files", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a second shared holder: {out:?}"
+    );
+    let out = fenced(&url, &["run", "-n", "-E", "9", "files", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(9),
+        "exclusive beside shared: {out:?}"
+    );
+    let out = fenced(&url, &["run", "-w", "0.2", "files", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "-w 0.2: {out:?}");
+    fenced_testkit::process::kill_group(&mut r1);
+    // 2 of 3 permits held: 1 more fits, 2 more do not.
+    let mut p = fenced_testkit::process::spawn_run(
+        bin,
+        &url,
+        "pool",
+        &["--permits", "2", "--of", "3"],
+        &["sleep", "30"],
+    );
+    wait_held("pool", 1);
+    let out = fenced(
+        &url,
+        &[
+            "run",
+            "-n",
+            "--permits",
+            "1",
+            "--of",
+            "3",
+            "pool",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "1 of the 3 left: {out:?}");
+    let out = fenced(
+        &url,
+        &[
+            "run",
+            "-n",
+            "--permits",
+            "2",
+            "--of",
+            "3",
+            "pool",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(75), "2 with 1 left: {out:?}");
+    fenced_testkit::process::kill_group(&mut p);
+    // Bad combinations are bad arguments.
+    for args in [
+        vec!["run", "-n", "-w", "1", "x", "--", "true"],
+        vec![
+            "run",
+            "-s",
+            "--permits",
+            "1",
+            "--of",
+            "2",
+            "x",
+            "--",
+            "true",
+        ],
+        vec!["run", "--permits", "1", "x", "--", "true"],
+        vec!["run", "--permits", "3", "--of", "2", "x", "--", "true"],
+        vec!["run", "-E", "0", "x", "--", "true"],
+        vec!["run", "-w", "-1", "x", "--", "true"],
+    ] {
+        let out = fenced(&url, &args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
 }
 
 #[test]
@@ -150,6 +257,9 @@ fn bad_arguments_get_one_line_and_exit_2() {
             "lease",
         ),
         ("memory://", vec!["torture", "--clients", "1"], "clients"),
+        ("memory://", vec!["demo", "flash-sale"], "one process"),
+        ("memory://", vec!["bench", "s2"], "one process"),
+        ("memory://", vec!["bench", "s1", "s4"], "one process"),
         (
             url.as_str(),
             vec!["torture", "--spawn", "redis", "--faults", "quorum"],
@@ -169,7 +279,7 @@ fn bad_arguments_get_one_line_and_exit_2() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
     let out = fenced("sqlite:///nonexistent-dir/sub/locks.db", &["status", "x"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(69));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-dir/sub/locks.db"));
 }
 
@@ -186,7 +296,7 @@ fn a_refused_connection_is_said_once() {
         "zk://127.0.0.1:1,127.0.0.1:2/",
     ] {
         let out = fenced(url, &["status", "x"]);
-        assert_eq!(out.status.code(), Some(1), "{url}");
+        assert_eq!(out.status.code(), Some(69), "{url}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.trim_end().lines().count(), 1, "{url}: {err}");
         assert!(!err.contains("timed out"), "{url}: {err}");
@@ -292,7 +402,8 @@ async fn a_server_that_forgets_commits_is_reported() {
             .args(["--backend", &server.url(), "status", "durability"])
             .output()
             .expect("run fenced");
-        assert!(out.status.success(), "{what}: {out:?}");
+        // Free: 1.
+        assert_eq!(out.status.code(), Some(1), "{what}: {out:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     assert_eq!(
