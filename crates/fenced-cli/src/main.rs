@@ -71,6 +71,12 @@ enum Command {
     /// Exits 0 when held, 1 when free (as `test`: `if fenced status NAME`),
     /// 69 if the backend failed, 2 for a bad argument.
     Status(status::StatusArgs),
+    /// Break lock NAME, whoever holds it (with --force when it is held).
+    ///
+    /// Its holders' lost signals fire at their next renewal, and a `fenced
+    /// run` holding it kills its command. Exits 0 when the lock is free
+    /// afterwards, 2 when it is held and --force was not given.
+    Unlock(status::UnlockArgs),
     /// Demonstrations with real worker processes.
     #[command(subcommand)]
     Demo(demo::Demo),
@@ -219,6 +225,7 @@ fn main() -> ExitCode {
         let result = match cli.command {
             Command::Run(args) => run::run(backend, args).await,
             Command::Status(args) => status::status(backend, args).await,
+            Command::Unlock(args) => status::unlock(backend, args).await,
             Command::Demo(demo) => demo::demo(backend, demo).await,
             Command::DemoWorker(args) => demo::worker(backend, args).await,
             Command::Bench(args) => bench::bench(backend, args).await,

@@ -178,6 +178,57 @@ fn run_speaks_flock_and_status_is_a_test() {
     }
 }
 
+/// `fenced unlock`: refused on a held lock without `--force`; with it, the
+/// holder (a `fenced run` with the default 30 s lease) is told at its next
+/// renewal and its command killed; on a free lock, nothing to do.
+#[test]
+fn unlock_breaks_a_held_lock_only_with_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fenced"));
+    let out = fenced(&url, &["unlock", "stuck"]);
+    assert_eq!(out.status.code(), Some(0), "free: {out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("free"));
+    let mut holder = fenced_testkit::process::spawn_run(bin, &url, "stuck", &[], &["sleep", "60"]);
+    let t = fenced_testkit::Timing::default();
+    let deadline = std::time::Instant::now() + t.eventually();
+    while fenced(&url, &["status", "stuck"]).status.code() != Some(0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the holder never took the lock"
+        );
+        std::thread::sleep(t.ms(20));
+    }
+    let out = fenced(&url, &["unlock", "stuck"]);
+    assert_eq!(out.status.code(), Some(2), "held, no --force: {out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    assert_eq!(
+        fenced(&url, &["status", "stuck"]).status.code(),
+        Some(0),
+        "still held"
+    );
+    let out = fenced(&url, &["unlock", "stuck", "--force"]);
+    assert_eq!(out.status.code(), Some(0), "--force: {out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("broke 1 hold"));
+    // Another takes it at once; the old holder learns at its next renewal
+    // (a third of the lease) and its command is killed: exit 76.
+    let out = fenced(&url, &["run", "-n", "stuck", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "after the break: {out:?}");
+    let deadline = std::time::Instant::now() + t.ms(30_000);
+    let code = loop {
+        if let Some(status) = holder.try_wait().unwrap() {
+            break status.code();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broken holder ran on"
+        );
+        std::thread::sleep(t.ms(50));
+    };
+    assert_eq!(code, Some(76));
+    fenced_testkit::process::kill_group(&mut holder);
+}
+
 #[test]
 fn lost_lock_kills_the_command() {
     let dir = tempfile::tempdir().unwrap();
