@@ -83,6 +83,7 @@
 //!   **fair mode**, **cancellation safety**, and **no call that waits on a
 //!   silent server** past the request timeout (`timeout=` in every URL).
 //! - **Errors** have a [`kind`](Error::kind); bad input is refused before any I/O.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 mod client;
