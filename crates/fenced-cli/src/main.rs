@@ -127,7 +127,7 @@ fn is_usage(e: &anyhow::Error) -> bool {
 
 /// clap's message on one line, whole, without its usage and tips
 /// (`--help` has those): "the following required arguments were not
-/// provided: `<NAME>`").
+/// provided: `<NAME>`".
 fn one_line(rendered: &str) -> String {
     // The message is the first paragraph; usage and tips come after a
     // blank line.
