@@ -296,7 +296,7 @@ mod tests {
         let e =
             Cli::try_parse_from(["fenced", "run", "x", "--wait", "abc", "--", "true"]).unwrap_err();
         let line = one_line(&e.render().to_string());
-        assert!(line.ends_with("30s or 2m"), "{line}");
+        assert!(line.ends_with("2.5 (seconds)"), "{line}");
         assert!(!line.contains('\n'), "{line}");
     }
 }
