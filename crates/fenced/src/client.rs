@@ -87,7 +87,8 @@ impl Client {
         wakeups: Arc<Wakeups>,
         url: String,
     ) -> Client {
-        let worker = worker::spawn(backend.clone());
+        let calls = Arc::new(tokio::sync::Semaphore::new(worker::MAX_CALLS));
+        let worker = worker::spawn(backend.clone(), calls.clone());
         Client {
             inner: Arc::new(Engine {
                 id: uuid::Uuid::new_v4().simple().to_string(),
@@ -98,6 +99,7 @@ impl Client {
                 wakeups,
                 holds: HoldTable::default(),
                 worker,
+                calls,
             }),
         }
     }

@@ -275,6 +275,56 @@ pub async fn cancelled_acquires_leave_nothing(fx: &Fixture) {
     }
 }
 
+/// A cancellation storm from many tasks sharing one client, with default
+/// settings: each drops acquisitions in a tight loop, 0–2 ms in, far
+/// faster than the server can answer or withdraw them. Afterwards nothing
+/// is left held or queued, and another client takes the lock, within the
+/// usual bound. (Before the client bounded its calls in flight, every
+/// dropped try went on in the background and every one was withdrawn, so
+/// the backlog kept an SQLite file busy long after the storm.)
+pub async fn cancellation_storm_leaves_the_lock_usable(fx: &Fixture) {
+    const TASKS: usize = 16;
+    const DROPS: usize = 250;
+    let t = Timing::default();
+    let name = unique("storm-many");
+    let (a, b) = fx.two_clients().await;
+    let holder = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let lock = b.mutex(&name).unwrap();
+        tasks.push(tokio::spawn(async move {
+            for k in 0..DROPS {
+                let cut = random_below(Duration::from_millis(2));
+                if (i + k) % 3 == 0 {
+                    let _ = timeout(cut, lock.try_acquire()).await;
+                } else {
+                    let _ = timeout(cut, lock.acquire()).await;
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(holder.release().await.unwrap());
+    t.wait_until(
+        &format!("{name}: the storm left a hold or a queue place"),
+        || async {
+            let st = a.status(&name).await.unwrap();
+            st.is_free() && st.waiters == 0
+        },
+    )
+    .await;
+    let g = a
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(t.eventually())
+        .await
+        .unwrap()
+        .expect("the lock is usable after the storm");
+    assert!(g.release().await.unwrap());
+}
+
 /// Read acquisitions of an owner that holds write (a downgrade on its
 /// way), dropped at random points: after the write is released, nothing
 /// of the owner is left held, and another client takes write.

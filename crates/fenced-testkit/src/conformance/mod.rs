@@ -48,6 +48,7 @@ pub const TESTS: &[&str] = &[
     "cut_connections_keep_or_lose_cleanly",
     "tokens_rise_across_a_restart",
     "cancelled_acquires_leave_nothing",
+    "cancellation_storm_leaves_the_lock_usable",
     "cancelled_reads_beside_own_write_leave_nothing",
     "a_lost_reply_is_not_a_second_grant",
     "a_slow_reply_is_not_a_second_grant",

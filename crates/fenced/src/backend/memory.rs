@@ -288,16 +288,23 @@ impl LockBackend for MemoryBackend {
     fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
         Box::pin(async move {
             let name = &gone.name;
+            let mut changed = false;
             {
                 let mut locks = self.locks();
                 if let Some(res) = locks.names.get_mut(name) {
+                    let before = res.queue.len();
                     res.queue
                         .retain(|(q, _, id)| gone.ticket != Some(*q) && *id != gone.hold_id);
+                    changed = res.queue.len() != before;
                 }
                 locks.tidy(name);
             }
+            // Only a hold or a queue place gone can let a waiter in; a
+            // hold found wakes them in `remove_hold`.
             self.remove_hold(name, &gone.hold_id);
-            self.store.wake(name.as_str());
+            if changed {
+                self.store.wake(name.as_str());
+            }
             Ok(())
         })
     }

@@ -48,6 +48,10 @@ struct Cleanup<'a> {
     in_flight: Vec<InFlight>,
     /// A try failed with no answer: it may still reach the server later.
     doubtful: bool,
+    /// A try was started: until then there is nothing to withdraw (a
+    /// caller that went away while its first try waited for a slot left
+    /// no trace on the server).
+    sent: bool,
 }
 
 impl Cleanup<'_> {
@@ -58,7 +62,9 @@ impl Cleanup<'_> {
 
 impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
-        if let Some(a) = self.attempt.take() {
+        if let Some(a) = self.attempt.take()
+            && self.sent
+        {
             self.inner.send(Job::Abandon {
                 gone: a.withdrawal(),
                 after: std::mem::take(&mut self.in_flight),
@@ -91,10 +97,32 @@ async fn attempt_with_retry(
         // (two answers for one hold would each set it up). Every backend
         // bounds its own calls, so a pending try ends.
         if cleanup.in_flight.is_empty() {
+            // A slot first, held by the try until it ends, even once its
+            // caller has gone (see `worker::MAX_CALLS`). Waiting for it
+            // sends nothing, so a caller dropped here leaves nothing.
+            let calls = cleanup.inner.calls.clone();
+            let waited = match hard {
+                Some(h) => tokio::time::timeout_at(h, calls.acquire_owned()).await,
+                None => Ok(calls.acquire_owned().await),
+            };
+            let slot = match waited {
+                Ok(Ok(slot)) => slot,
+                Ok(Err(_)) => return Err(closed_error(&attempt.name)),
+                Err(_) => {
+                    return Err(Error::unavailable(format!(
+                        "{} of this client's calls to the {} backend are still on their way, \
+                         and none ended before the wait did",
+                        crate::core::worker::MAX_CALLS,
+                        backend.scheme()
+                    )));
+                }
+            };
             let (b, a) = (backend.clone(), attempt.clone());
-            cleanup
-                .in_flight
-                .push(tokio::spawn(async move { b.attempt(&a).await }));
+            cleanup.sent = true;
+            cleanup.in_flight.push(tokio::spawn(async move {
+                let _slot = slot;
+                b.attempt(&a).await
+            }));
         }
         let handle = cleanup.in_flight.last_mut().expect("one try in flight");
         let tried = Instant::now();
@@ -237,6 +265,7 @@ async fn run_inner(
         attempt: None,
         in_flight: Vec::new(),
         doubtful: false,
+        sent: false,
     };
     let mut waiting_since = None;
     let mut late_grants = 0u32;

@@ -24,6 +24,9 @@ pub(crate) struct Engine {
     pub(crate) holds: HoldTable,
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) worker: mpsc::UnboundedSender<Job>,
+    /// Slots for server calls in the background: acquisition tries and the
+    /// worker's jobs (see `worker::MAX_CALLS`).
+    pub(crate) calls: Arc<tokio::sync::Semaphore>,
 }
 
 /// Sends a release to the worker unless disarmed: what makes an

@@ -1,9 +1,13 @@
 //! The background queue that guards' `Drop` and cancelled acquisitions
 //! feed: `Drop` never blocks and never does I/O; it hands the release here.
 //!
-//! Jobs run concurrently (up to [`CONCURRENCY`] at once), each try bounded
-//! by the backend's request timeout, so one release stuck on a server
-//! that does not answer never holds up the others.
+//! Jobs run concurrently, each try bounded by the backend's request
+//! timeout, so one release stuck on a server that does not answer never
+//! holds up the others. They share the client's [`MAX_CALLS`] slots with
+//! the tries of acquisitions (first come, first served): an application
+//! that drops acquisitions faster than the server can withdraw them (a
+//! `timeout` around `acquire` in a tight loop) has its new tries wait for
+//! the withdrawals, rather than piling both up without bound.
 
 use crate::core::acquire::InFlight;
 use crate::error::Result;
@@ -13,8 +17,10 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 
-/// Jobs in flight at once; more wait their turn.
-const CONCURRENCY: usize = 64;
+/// Background jobs and acquisition tries in flight at once, per client;
+/// more wait their turn. Renewals and the caller's own releases do not
+/// count: they never wait behind this.
+pub(crate) const MAX_CALLS: usize = 128;
 
 /// How many request timeouts a withdrawal waits for the try it follows.
 const TRY_PATIENCE: u32 = 12;
@@ -34,10 +40,12 @@ pub(crate) enum Job {
 }
 
 /// Starts the worker for one client; it ends when the client's sender drops.
-pub(crate) fn spawn(backend: Arc<dyn Backend>) -> mpsc::UnboundedSender<Job> {
+pub(crate) fn spawn(
+    backend: Arc<dyn Backend>,
+    slots: Arc<Semaphore>,
+) -> mpsc::UnboundedSender<Job> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
     tokio::spawn(async move {
-        let slots = Arc::new(Semaphore::new(CONCURRENCY));
         let mut running = JoinSet::new();
         loop {
             tokio::select! {

@@ -60,19 +60,28 @@ impl LockBackend for SqliteBackend {
     fn abandon<'a>(&'a self, gone: &'a Withdrawal) -> Reply<'a, ()> {
         Box::pin(async move {
             let (name, ticket, hold_id) = (&gone.name, gone.ticket, gone.hold_id.as_str());
+            let mut changed = false;
             if let Some(t) = ticket {
-                q(DELETE_TICKET)
+                let r = q(DELETE_TICKET)
                     .bind(t)
                     .execute(&self.pool)
                     .await
                     .map_err(db)?;
+                changed |= r.rows_affected() > 0;
             }
-            q(RELEASE)
+            let freed = q(RELEASE)
                 .bind(hold_id)
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(db)?;
-            self.wake_waiters(name.as_str()).await;
+            changed |= freed.is_some();
+            // Waiters are woken only when a hold or a queue place went: a
+            // storm of dropped acquisitions that never won or queued wakes
+            // nobody, where waking on each one sent every waiter of the
+            // name back to the file once per drop.
+            if changed {
+                self.wake_waiters(name.as_str()).await;
+            }
             Ok(())
         })
     }
