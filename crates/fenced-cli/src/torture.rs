@@ -111,19 +111,20 @@ const COUNTER: &str = "torture:counter";
 pub(crate) async fn worker(backend: Option<String>, args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let out = Arc::new(Mutex::new(std::io::stdout()));
     let id = args.id;
-    let emit = {
+    // An event of worker `w`: this process, or one of its storm tasks.
+    let emit_as = {
         let out = out.clone();
-        move |e: Kind| {
-            let line = serde_json::to_string(&Event {
-                t: mono_ns(),
-                w: id,
-                e,
-            })
-            .expect("an event serializes");
+        move |w: u32, e: Kind| {
+            let line =
+                serde_json::to_string(&Event { t: mono_ns(), w, e }).expect("an event serializes");
             let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
             // A closed pipe means the driver is gone; nothing to tell.
             let _ = writeln!(o, "{line}").and_then(|_| o.flush());
         }
+    };
+    let emit = {
+        let emit_as = emit_as.clone();
+        move |e: Kind| emit_as(id, e)
     };
     let err = |op: &str, e: &dyn std::fmt::Display| Kind::Error {
         op: op.to_owned(),
@@ -139,21 +140,50 @@ pub(crate) async fn worker(backend: Option<String>, args: WorkerArgs) -> anyhow:
     // driver can aim a fault at a holder that has read and not yet
     // written (the GC-pause case). 0: no request.
     let slow = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // `storm MS` on stdin: a cancellation storm from this client for MS.
+    let (storms, mut storm_asked) = tokio::sync::mpsc::unbounded_channel::<u64>();
     std::thread::spawn({
         let slow = slow.clone();
         move || {
             use std::io::BufRead;
             for l in std::io::stdin().lock().lines() {
-                match l {
-                    Ok(l) => {
-                        if let Some(ms) =
-                            l.trim().strip_prefix("slow ").and_then(|v| v.parse().ok())
-                        {
-                            slow.store(ms, std::sync::atomic::Ordering::SeqCst)
-                        }
-                    }
-                    Err(_) => break,
+                let Ok(l) = l else { break };
+                let number = |prefix: &str| l.trim().strip_prefix(prefix)?.parse().ok();
+                if let Some(ms) = number("slow ") {
+                    slow.store(ms, std::sync::atomic::Ordering::SeqCst)
+                } else if let Some(ms) = number("storm ") {
+                    let _ = storms.send(ms);
                 }
+            }
+        }
+    });
+    tokio::spawn({
+        let (lock, emit_as, seed) = (lock.clone(), emit_as.clone(), args.seed);
+        async move {
+            let mut round = 0;
+            while let Some(ms) = storm_asked.recv().await {
+                round += 1;
+                let until = tokio::time::Instant::now() + Duration::from_millis(ms);
+                let mut tasks = tokio::task::JoinSet::new();
+                for k in 0..STORM_TASKS {
+                    let rng = fastrand::Rng::with_seed(seed ^ (round << 32) ^ u64::from(k));
+                    let who = storm_id(id, k);
+                    tasks.spawn(storm(lock.clone(), who, until, rng, emit_as.clone()));
+                }
+                let (mut tries, mut dropped, mut won) = (0, 0, 0);
+                while let Some(r) = tasks.join_next().await {
+                    if let Ok(c) = r {
+                        (tries, dropped, won) = (tries + c.0, dropped + c.1, won + c.2);
+                    }
+                }
+                emit_as(
+                    id,
+                    Kind::Storm {
+                        tries,
+                        dropped,
+                        won,
+                    },
+                );
             }
         }
     });
@@ -246,6 +276,89 @@ pub(crate) async fn worker(backend: Option<String>, args: WorkerArgs) -> anyhow:
     }
     client.close().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Tasks per worker in a cancellation storm.
+const STORM_TASKS: u32 = 8;
+
+/// The worker id a storm task's holds are recorded under: apart from every
+/// worker process's.
+fn storm_id(worker: u32, task: u32) -> u32 {
+    1_000_000 + worker * 100 + task
+}
+
+/// One task of a cancellation storm, until `until`: acquisitions of
+/// `lock` dropped at a random point (0–3 ms in, one in eight up to 50 ms:
+/// often at once, often mid-wait, now and then just as a grant comes
+/// back), by `timeout` around
+/// `acquire`, `try_acquire`, or an `acquire_timeout` whose own wait is
+/// about as long. What it wins it holds 0–2 ms, then releases, drops the
+/// release part-way, or drops the guard. Returns (tries, dropped, won).
+async fn storm(
+    lock: fenced::Mutex,
+    who: u32,
+    until: tokio::time::Instant,
+    mut rng: fastrand::Rng,
+    emit: impl Fn(u32, Kind),
+) -> (u64, u64, u64) {
+    use tokio::time::timeout;
+    let (mut tries, mut dropped, mut won) = (0, 0, 0);
+    while tokio::time::Instant::now() < until {
+        tries += 1;
+        // Mostly within a round trip or two; one in eight long enough to
+        // win now and then, so releases get dropped too.
+        let cut_max = if rng.u8(0..8) == 0 { 50_000 } else { 3_000 };
+        let cut = Duration::from_micros(rng.u64(0..=cut_max));
+        let asked = mono_ns();
+        let got = match rng.u8(0..3) {
+            0 => timeout(cut, lock.acquire()).await.map(|r| r.map(Some)),
+            1 => timeout(cut, lock.try_acquire()).await,
+            _ => {
+                let own = Duration::from_micros(rng.u64(1..=3_000));
+                timeout(cut, lock.acquire_timeout(own)).await
+            }
+        };
+        let guard = match got {
+            Err(_) => {
+                dropped += 1;
+                continue;
+            }
+            Ok(Ok(Some(g))) => g,
+            Ok(Ok(None)) => continue,
+            Ok(Err(e)) => {
+                emit(
+                    who,
+                    Kind::Error {
+                        op: "storm acquire".into(),
+                        error: e.to_string(),
+                    },
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        won += 1;
+        let token = guard.fencing_token();
+        emit(who, Kind::Acquired { token, asked });
+        tokio::time::sleep(Duration::from_micros(rng.u64(0..=2_000))).await;
+        let called = mono_ns();
+        match rng.u8(0..4) {
+            0 => {
+                // Dropped part-way: the client finishes it in the background.
+                emit(who, Kind::Released { ok: true, called });
+                let _ = timeout(Duration::from_micros(rng.u64(0..=1_000)), guard.release()).await;
+            }
+            1 => {
+                emit(who, Kind::Released { ok: true, called });
+                drop(guard);
+            }
+            _ => {
+                let ok = guard.release().await.unwrap_or(false);
+                emit(who, Kind::Released { ok, called });
+            }
+        }
+    }
+    (tries, dropped, won)
 }
 
 /// What the driver knows while the run goes on.
@@ -698,7 +811,7 @@ pub(crate) async fn torture(
     // Leave room after the last fault for the lock to be granted again.
     let room = |f: Fault| {
         let lasts = match f {
-            Fault::Pause | Fault::Partition | Fault::Clock | Fault::Slow => {
+            Fault::Pause | Fault::Partition | Fault::Clock | Fault::Slow | Fault::Storm => {
                 free_after + Duration::from_secs(2)
             }
             Fault::Failover => Duration::from_secs(5),
@@ -734,8 +847,8 @@ pub(crate) async fn torture(
             }
             // A waiter whose clock runs ahead sees the holder's lease over.
             Fault::Clock => run.waiter(),
-            // Every worker's link at once.
-            Fault::Slow => None,
+            // Every worker's link, or every worker's client, at once.
+            Fault::Slow | Fault::Storm => None,
             // Cut off past the lease, the holder is still in its section
             // when the lock goes to another: its write must be refused and
             // its lost signal must have fired.
@@ -818,6 +931,19 @@ pub(crate) async fn torture(
                 proxies().for_each(|p| p.slow(None));
                 format!("every worker's traffic 10–50 ms late, 1% of it 200 ms more, for {lasts:?}")
             }
+            (Fault::Storm, _) => {
+                let lasts = free_after + Duration::from_secs(2);
+                let ask = format!("storm {}\n", lasts.as_millis());
+                use tokio::io::AsyncWriteExt;
+                for s in run.stdins.values_mut() {
+                    let _ = s.write_all(ask.as_bytes()).await;
+                }
+                tokio::time::sleep(lasts).await;
+                format!(
+                    "every worker's client {STORM_TASKS} tasks dropping acquisitions at random, \
+                     for {lasts:?}"
+                )
+            }
             (Fault::Partition, Some((w, _))) => {
                 let p = run.urls[w as usize - 1].1.as_ref().expect("proxied");
                 p.blackhole(true);
@@ -883,6 +1009,7 @@ pub(crate) async fn torture(
     let probing = torture::Probing {
         signal_bound_ms: (lease / 3 + Duration::from_secs(6)).as_millis() as u64,
         names_tokens: family != Family::SqlAdvisory,
+        cleanup_bound_ms: 11_000,
     };
     let findings = torture::check_with(&events, counter, probing);
     let mut breaches = breaches(&findings, &expect, orphans);
@@ -979,6 +1106,12 @@ fn breaches(f: &Findings, e: &Expect, orphans: usize) -> Vec<String> {
         } else {
             format!("I5: {orphans} holds left at the end")
         });
+    }
+    if f.leaked_grants > 0 {
+        b.push(format!(
+            "I5: {} grants of dropped acquisitions outlived the cleanup bound",
+            f.leaked_grants
+        ));
     }
     if f.overlaps_outside_faults > 0 {
         b.push(format!(

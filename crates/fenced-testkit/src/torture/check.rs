@@ -40,6 +40,12 @@ pub struct Findings {
     pub probes: u64,
     /// Operations that failed and were retried (the server away).
     pub errors: u64,
+    /// Acquisitions a cancellation storm dropped before they returned.
+    pub cancelled: u64,
+    /// Holds the side probe named, first during a cancellation storm,
+    /// that no worker was ever given and that stayed named past the
+    /// cleanup bound: what a dropped acquisition leaked.
+    pub leaked_grants: u64,
     /// How long the lock took to be granted again after each fault (I3).
     pub recoveries: Vec<Recovery>,
     /// Recoveries past their bound, or that never came while the run went on.
@@ -80,6 +86,11 @@ pub struct Probing {
     /// Whether the backend's status names holds by their own tokens (all
     /// but advisory locks, which name only that the lock is held).
     pub names_tokens: bool,
+    /// How long a grant whose acquisition was dropped may stay before the
+    /// client withdraws it: the withdrawal, and a second one a request
+    /// timeout later for a try of unknown fate (two request timeouts and
+    /// a second's room).
+    pub cleanup_bound_ms: u64,
 }
 
 struct Hold {
@@ -106,6 +117,7 @@ pub fn check(events: &[Event], counter: i64) -> Findings {
         Probing {
             signal_bound_ms: 10_000,
             names_tokens: true,
+            cleanup_bound_ms: 11_000,
         },
     )
 }
@@ -182,6 +194,7 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
                 st.last = None;
             }
             Kind::Error { .. } => f.errors += 1,
+            Kind::Storm { dropped, .. } => f.cancelled += dropped,
             Kind::Probe {
                 sent,
                 named,
@@ -247,6 +260,13 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
             f.signals_missed += 1;
         }
     }
+    // I5 under a cancellation storm: a hold the backend names that no
+    // worker was given (its acquisition was dropped) must be withdrawn
+    // within the cleanup bound. Only holds first named during a storm:
+    // a worker killed between its grant and its event leaves one too.
+    if probing.names_tokens {
+        f.leaked_grants = leaked_grants(&ev, &grants, &probes, probing.cleanup_bound_ms);
+    }
     // Lost signals are charged to the fault whose window they fell in;
     // with none, they were false.
     for &at in &signals {
@@ -262,6 +282,58 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
         }
     }
     f
+}
+
+/// Holds named by the side probe, first during a storm, that no worker
+/// was given, and named for longer than `bound_ms` from the first probe
+/// that named them to the last.
+fn leaked_grants(
+    ev: &[&Event],
+    grants: &[(u64, u64, u64, u32)],
+    probes: &[(u64, u64, &[u64], u32)],
+    bound_ms: u64,
+) -> u64 {
+    let mut storms = Vec::new();
+    for (i, e) in ev.iter().enumerate() {
+        if let Kind::FaultStart {
+            fault: Fault::Storm,
+            ..
+        } = e.e
+        {
+            let end = ev[i..]
+                .iter()
+                .find(|x| {
+                    matches!(
+                        x.e,
+                        Kind::FaultEnd {
+                            fault: Fault::Storm
+                        }
+                    )
+                })
+                .map_or(u64::MAX, |x| x.t);
+            storms.push((e.t, end));
+        }
+    }
+    if storms.is_empty() {
+        return 0;
+    }
+    let given: std::collections::HashSet<u64> = grants.iter().map(|g| g.2).collect();
+    let mut named: std::collections::HashMap<u64, (u64, u64)> = Default::default();
+    for &(_, t, tokens, _) in probes {
+        for &k in tokens {
+            let span = named.entry(k).or_insert((t, t));
+            span.1 = t;
+        }
+    }
+    let bound = bound_ms * 1_000_000;
+    named
+        .iter()
+        .filter(|(k, (first, last))| {
+            !given.contains(k)
+                && storms.iter().any(|&(a, b)| *first >= a && *first <= b)
+                && last - first > bound
+        })
+        .count() as u64
 }
 
 /// Counts items whose key is below the largest key among items that
@@ -488,6 +560,7 @@ mod tests {
         let probing = Probing {
             signal_bound_ms: 1000,
             names_tokens: true,
+            cleanup_bound_ms: 11_000,
         };
         let h = vec![
             acq(10, 1, 7),
@@ -522,6 +595,57 @@ mod tests {
         };
         assert_eq!(check_with(&h, 0, by_count).signals_missed, 0);
         assert_eq!(check_with(&h, 0, probing).signals_missed, 1);
+    }
+
+    #[test]
+    fn a_grant_no_one_was_given_that_outlives_the_cleanup_is_a_leak() {
+        let probe = |t: u64, named: Vec<u64>| {
+            ev(
+                t,
+                0,
+                Kind::Probe {
+                    sent: (t - 1) * MS,
+                    holders: named.len() as u32,
+                    named,
+                },
+            )
+        };
+        let storm = |t, start: bool| {
+            let fault = Fault::Storm;
+            let e = if start {
+                Kind::FaultStart {
+                    fault,
+                    victim: None,
+                    bound_ms: 9000,
+                }
+            } else {
+                Kind::FaultEnd { fault }
+            };
+            ev(t, 0, e)
+        };
+        // Token 7 was given (worker 1); 8, named first during the storm,
+        // was given to no one: withdrawn within 11 s it is cleanup, named
+        // for 12 s it leaked. Token 9, first named before the storm (a
+        // killed worker's grant), is not the storm's.
+        let mut h = vec![
+            probe(50, vec![9]),
+            storm(100, true),
+            acq(200, 1, 7),
+            probe(300, vec![7, 8]),
+            rel(400, 1),
+            storm(4000, false),
+            probe(9000, vec![8, 9]),
+        ];
+        assert_eq!(check(&h, 0).leaked_grants, 0, "within the bound");
+        h.push(probe(12_301, vec![8, 9]));
+        assert_eq!(check(&h, 0).leaked_grants, 1);
+        // Advisory locks name no tokens: nothing to judge.
+        let blind = Probing {
+            signal_bound_ms: 10_000,
+            names_tokens: false,
+            cleanup_bound_ms: 11_000,
+        };
+        assert_eq!(check_with(&h, 0, blind).leaked_grants, 0);
     }
 
     #[test]

@@ -37,11 +37,17 @@ pub enum Fault {
     /// then a retransmission (200 ms) more, for a lease or session and
     /// more: a slow, lossy network, short of a partition.
     Slow,
+    /// Every worker starts acquisitions of the lock from several tasks of
+    /// its client at once and drops them at random points (a `timeout`
+    /// around `acquire`, `try_acquire` or `acquire_timeout`), and drops
+    /// some of what it wins mid-release, for a lease or session and more:
+    /// a cancellation storm under contention. Nothing may leak.
+    Storm,
 }
 
 impl Fault {
     /// Every fault, in the order a mixed run cycles through them.
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 12] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Cut,
@@ -53,6 +59,7 @@ impl Fault {
         Fault::Stall,
         Fault::Quorum,
         Fault::Slow,
+        Fault::Storm,
     ];
 
     /// Its name on the command line.
@@ -69,6 +76,7 @@ impl Fault {
             Fault::Stall => "stall",
             Fault::Quorum => "quorum",
             Fault::Slow => "slow",
+            Fault::Storm => "storm",
         }
     }
 
@@ -91,7 +99,7 @@ impl Fault {
     /// Whether the fault strikes one worker, a holder or a waiter, rather
     /// than the servers or every worker.
     pub fn needs_victim(self) -> bool {
-        !self.needs_spawn() && self != Fault::Slow
+        !self.needs_spawn() && !matches!(self, Fault::Slow | Fault::Storm)
     }
 
     /// Whether the fault acts on servers the run started (`--spawn`).
@@ -299,6 +307,8 @@ pub fn expect(family: Family, fault: Option<Fault>) -> Option<Expect> {
             B::Sqlite => return None,
             _ => must,
         },
+        // Dropped calls withdraw what they asked for, on every backend.
+        Some(Fault::Storm) => must,
         // Asynchronous replication: the promoted replica may not have the
         // lock (tokens still rise: they follow the server's clock). The
         // lost signal holds: clients follow the newest master the

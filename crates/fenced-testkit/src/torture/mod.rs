@@ -77,6 +77,17 @@ pub enum Kind {
         /// The error.
         error: String,
     },
+    /// A worker's cancellation storm ended: what its tasks asked for and
+    /// dropped (stamped at the storm's end; each hold a storm task won is
+    /// recorded as an `acquired` and a `released` of its own worker id).
+    Storm {
+        /// Acquisitions started.
+        tries: u64,
+        /// Acquisitions dropped before they returned.
+        dropped: u64,
+        /// Acquisitions that returned a guard.
+        won: u64,
+    },
     /// Driver: the worker's process is gone (killed: stamped at the
     /// SIGKILL; or its run ended).
     Exited,
