@@ -24,14 +24,7 @@ fenced_testkit::conformance_suite!(
     sqlite,
     Fixture::sqlite(env!("CARGO_BIN_EXE_fenced")),
     [core, rw, permits, fair, processes],
-    skip {
-        network: no_network,
-        session: lease_held,
-        restart: "an SQLite file has no server to restart",
-        run_cut_off: no_network,
-        leader: "one file: no leader",
-        pause: lease_frees_paused,
-    }
+    skip(lease_file)
 );
 
 // The same in a directory every user may write, as the host's default
@@ -40,14 +33,7 @@ fenced_testkit::conformance_suite!(
     sqlite_shared,
     Fixture::sqlite_shared(env!("CARGO_BIN_EXE_fenced")),
     [core, rw, permits, fair, processes],
-    skip {
-        network: no_network,
-        session: lease_held,
-        restart: "an SQLite file has no server to restart",
-        run_cut_off: no_network,
-        leader: "one file: no leader",
-        pause: lease_frees_paused,
-    }
+    skip(lease_file)
 );
 
 fenced_testkit::conformance_suite!(

@@ -44,11 +44,12 @@ pub use timing::Timing;
 /// (`no_network`, `lease_held`, `lease_frees_paused`,
 /// `run_cut_off_in_process`, `one_server`, `several_servers`). Their
 /// tests show as skipped (`#[ignore]`, with the reason) rather than
-/// vanish. Two names stand for several groups at once:
+/// vanish. Three names stand for several groups at once:
 /// `one_lease_server: all` skips the four groups a lease on one server
-/// cannot run (`session`, `run_cut_off`, `leader`, `pause`), and
-/// `redis_failover: all` what the Sentinel and Cluster fixtures leave to
-/// others; either may be written `skip(one_lease_server)`. And
+/// cannot run (`session`, `run_cut_off`, `leader`, `pause`),
+/// `lease_file: all` the six an SQLite file cannot (those, `network` and
+/// `restart`), and `redis_failover: all` what the Sentinel and Cluster
+/// fixtures leave to others; each may be written `skip(one_lease_server)`. And
 /// `lease_server`, in place of the groups, is what a lease table on one
 /// server runs: every group but those four.
 ///
@@ -82,6 +83,14 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@skip session, lease_held);
         $crate::conformance_suite!(@skip run_cut_off, run_cut_off_in_process);
         $crate::conformance_suite!(@skip leader, one_server);
+        $crate::conformance_suite!(@skip pause, lease_frees_paused);
+    };
+    (@skip lease_file, all) => {
+        $crate::conformance_suite!(@skip network, no_network);
+        $crate::conformance_suite!(@skip session, lease_held);
+        $crate::conformance_suite!(@skip restart, "an SQLite file has no server to restart");
+        $crate::conformance_suite!(@skip run_cut_off, no_network);
+        $crate::conformance_suite!(@skip leader, "one file: no leader");
         $crate::conformance_suite!(@skip pause, lease_frees_paused);
     };
     (@skip redis_failover, all) => {

@@ -464,6 +464,18 @@ mod tests {
             },
         )
     }
+    /// A side probe answered at `t` ms, sent a ms before, naming `named`.
+    fn probe(t: u64, named: Vec<u64>) -> Event {
+        ev(
+            t,
+            0,
+            Kind::Probe {
+                sent: (t - 1) * MS,
+                holders: named.len() as u32,
+                named,
+            },
+        )
+    }
     fn rel(t: u64, w: u32) -> Event {
         ev(
             t,
@@ -546,17 +558,6 @@ mod tests {
 
     #[test]
     fn the_side_probe_finds_missed_and_false_signals() {
-        let probe = |t: u64, named: Vec<u64>| {
-            ev(
-                t,
-                0,
-                Kind::Probe {
-                    sent: (t - 1) * MS,
-                    holders: named.len() as u32,
-                    named,
-                },
-            )
-        };
         let probing = Probing {
             signal_bound_ms: 1000,
             names_tokens: true,
@@ -599,17 +600,6 @@ mod tests {
 
     #[test]
     fn a_grant_no_one_was_given_that_outlives_the_cleanup_is_a_leak() {
-        let probe = |t: u64, named: Vec<u64>| {
-            ev(
-                t,
-                0,
-                Kind::Probe {
-                    sent: (t - 1) * MS,
-                    holders: named.len() as u32,
-                    named,
-                },
-            )
-        };
         let storm = |t, start: bool| {
             let fault = Fault::Storm;
             let e = if start {
