@@ -594,3 +594,35 @@ fn two_users_exclude_each_other_with_the_default_backend() {
     let mode = std::fs::metadata(&file).unwrap().permissions().mode();
     assert_eq!(mode & 0o666, 0o666, "{} is {mode:o}", file.display());
 }
+
+/// A link planted in the host's lock directory in place of a lock file is
+/// refused, not followed: SQLite resolves a link in the database's own
+/// path, so following it would let one user redirect another's writes.
+#[test]
+fn a_link_in_the_host_lock_directory_is_refused() {
+    let default = fenced::default_sqlite_path();
+    let dir = default.parent().unwrap();
+    // Made as a user's first `fenced` makes it.
+    let out = Command::new(env!("CARGO_BIN_EXE_fenced"))
+        .args(["status", "x"])
+        .env_remove("FENCED_BACKEND")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.code().is_some_and(|c| c == 0 || c == 1),
+        "{out:?}"
+    );
+    let target = tempfile::tempdir().unwrap();
+    let victim = target.path().join("victim");
+    let link = dir.join(format!("link-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let out = fenced(&format!("sqlite://{}", link.display()), &["status", "x"]);
+    let _ = std::fs::remove_file(&link);
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a regular file"),
+        "{out:?}"
+    );
+    assert!(!victim.exists(), "the link was followed");
+}

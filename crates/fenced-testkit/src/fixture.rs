@@ -232,16 +232,26 @@ impl Fixture {
         f
     }
 
-    /// A fresh SQLite file in a directory every user may write, as the
-    /// host's default lock file is (`/run/lock/fenced`): the file is then
-    /// made writable by every user.
+    /// A fresh SQLite file in the host's lock directory, beside the default
+    /// lock file (`/run/lock/fenced`, or `/var/tmp/fenced`): made as the
+    /// default one is, for every user. Its files are removed when the
+    /// fixture goes.
     pub fn sqlite_shared(fenced_bin: impl Into<PathBuf>) -> Self {
-        use std::os::unix::fs::PermissionsExt;
-        let f = Fixture::sqlite(fenced_bin);
-        let file = std::path::Path::new(f.url.trim_start_matches("sqlite://"));
-        let dir = file.parent().expect("the SQLite file's directory");
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
-            .expect("the temp dir opened to every user");
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let default = fenced::default_sqlite_path();
+        let dir = default.parent().expect("the host's lock directory");
+        if !dir.exists() {
+            // As `Client::from_env` makes it.
+            let _ = std::fs::DirBuilder::new().mode(0o777).create(dir);
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777));
+        }
+        let file = dir.join(format!("{}.db", unique("test")));
+        let mut f = Fixture::with(
+            format!("sqlite://{}", file.display()),
+            Some(fenced_bin.into()),
+            Servers::Local("sqlite:// is a file on this host: no network, no session, no server"),
+        );
+        f._keep.push(Box::new(RemoveOnDrop(file)));
         f
     }
 
@@ -560,6 +570,19 @@ fn through_proxies(url: &str, announced: &[u16]) -> (String, Vec<Proxy>) {
         out.push_str(&nat.join("&"));
     }
     (out, proxies.into_iter().map(|(_, p)| p).collect())
+}
+
+/// Removes an SQLite file and its `-wal` and `-shm` files when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = self.0.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 #[cfg(test)]

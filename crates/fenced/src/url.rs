@@ -103,38 +103,66 @@ fn make_shared_dir(dir: &std::path::Path) -> Result<()> {
         ))
         .with_source(e)
     };
-    match std::fs::DirBuilder::new().mode(0o777).create(dir) {
-        // Ours, just made: the umask took bits off the mode, so set it whole.
-        Ok(()) => {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(cannot)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let meta = std::fs::symlink_metadata(dir).ok().filter(|m| m.is_dir());
-            if let Some(meta) = meta {
-                let mode = meta.permissions().mode();
-                if mode & 0o777 == 0o777 {
-                    return Ok(());
-                }
-                // Working for its owner alone would split the host in two.
-                use std::os::unix::fs::MetadataExt;
-                Err(Error::unavailable(format!(
-                    "the host's lock directory {} has mode {:o} (owner uid {}), so not every \
-                     user can take locks in it; make it 0777 (chmod 0777 {0}) or remove it \
-                     to have it made again, or name a backend with FENCED_BACKEND",
-                    dir.display(),
-                    mode & 0o7777,
-                    meta.uid()
-                )))
-            } else {
-                Err(Error::unavailable(format!(
-                    "{} is not a directory; the host's lock file cannot live there \
-                     (name a backend with FENCED_BACKEND)",
-                    dir.display()
-                )))
-            }
+    if std::fs::symlink_metadata(dir).is_ok() {
+        return check_shared_dir(dir);
+    }
+    // Made under a name of its own, given its whole mode, then renamed into
+    // place: no user ever sees it with the umask's narrower mode.
+    let parent = dir.parent().unwrap_or(std::path::Path::new("/"));
+    let draft = parent.join(format!(
+        ".fenced.{}.{}",
+        std::process::id(),
+        fastrand::u64(..)
+    ));
+    let made = std::fs::DirBuilder::new()
+        .mode(0o777)
+        .create(&draft)
+        .and_then(|()| std::fs::set_permissions(&draft, std::fs::Permissions::from_mode(0o777)))
+        .and_then(|()| std::fs::rename(&draft, dir));
+    if made.is_err() {
+        let _ = std::fs::remove_dir(&draft);
+    }
+    use std::io::ErrorKind as K;
+    match made {
+        Ok(()) => Ok(()),
+        // Another process made it a moment before (a rename onto its
+        // directory, once it holds the lock file, fails): theirs stands.
+        Err(e)
+            if matches!(
+                e.kind(),
+                K::AlreadyExists | K::DirectoryNotEmpty | K::NotADirectory
+            ) =>
+        {
+            check_shared_dir(dir)
         }
         Err(e) => Err(cannot(e)),
     }
+}
+
+/// The host's lock directory as another process made it: a directory
+/// (not a link) every user may write.
+fn check_shared_dir(dir: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Some(meta) = std::fs::symlink_metadata(dir).ok().filter(|m| m.is_dir()) else {
+        return Err(Error::unavailable(format!(
+            "{} is not a directory; the host's lock file cannot live there \
+             (name a backend with FENCED_BACKEND)",
+            dir.display()
+        )));
+    };
+    let mode = meta.permissions().mode();
+    if mode & 0o777 == 0o777 {
+        return Ok(());
+    }
+    // Working for its owner alone would split the host in two.
+    Err(Error::unavailable(format!(
+        "the host's lock directory {} has mode {:o} (owner uid {}), so not every user can \
+         take locks in it; make it 0777 (chmod 0777 {0}) or remove it to have it made again, \
+         or name a backend with FENCED_BACKEND",
+        dir.display(),
+        mode & 0o7777,
+        meta.uid()
+    )))
 }
 
 #[cfg(test)]

@@ -99,10 +99,9 @@ impl SqliteBackend {
             .busy_timeout(DEFAULT_TIMEOUT);
         let cannot = |e: sqlx::Error| {
             let hint = if shared {
-                "; this file is for every user of the host, so it, its -wal and -shm files and \
-                 its directory must be writable by all: use a directory of its own with mode \
-                 0777, as the default /run/lock/fenced (in a sticky one such as /tmp, Linux's \
-                 fs.protected_regular keeps users from opening each other's -wal files)"
+                "; this is the host's lock file, for every user: it, its -wal and -shm files \
+                 and its directory must be writable by all (remove the directory to have it \
+                 made again)"
             } else {
                 ""
             };
@@ -128,6 +127,12 @@ impl SqliteBackend {
                 Err(e) => return Err(cannot(e)),
             }
         };
+        // Still the regular file it was before SQLite opened it: a link
+        // swapped in meanwhile would have been followed.
+        if shared && !std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file()) {
+            pool.close().await;
+            return Err(not_a_file(&path));
+        }
         let wake = wake::Endpoint::bind(wakeups.clone())?;
         Ok(Arc::new(SqliteBackend {
             pool,
@@ -138,46 +143,79 @@ impl SqliteBackend {
     }
 }
 
-/// Whether the file's directory lets every user add files (as `/run/lock`
-/// and `/var/tmp` do, and the host's default lock directory): then the file
-/// is meant for every user of the host.
+/// Whether the file is in the host's lock directory (that of
+/// [`default_sqlite_path`](crate::default_sqlite_path)), where every user's
+/// processes share it. A file elsewhere, even in a directory every user may
+/// write such as `/tmp`, is made as any other file is.
 fn open_to_all_users(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o002 != 0)
+    let host = crate::url::default_sqlite_path();
+    path.parent().is_some_and(|d| Some(d) == host.parent())
 }
 
-/// Makes the lock file, where missing, readable and writable by every user
-/// (whatever the umask), so that one user's processes can take a lock that
-/// another user's hold; SQLite gives its `-wal` and `-shm` files the same
-/// mode, and opens all three with `O_NOFOLLOW`, so a link planted in the
-/// shared directory redirects nobody's writes.
+/// Makes the lock file, where missing, readable and writable by every user,
+/// so that one user's processes can take a lock that another user's hold;
+/// SQLite gives its `-wal` and `-shm` files the same mode. The file is made
+/// under a name of its own, given its mode, and only then linked into
+/// place, so no user ever sees it with the umask's narrower mode. What is
+/// at the path must be a regular file: SQLite resolves a link in the
+/// database's own path before it opens it, so a link planted there by
+/// another user would redirect this user's writes.
 fn precreate_for_all_users(path: &Path) -> Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    // `create_new` is O_EXCL: it neither follows a planted symlink nor
-    // touches a file that exists.
-    match std::fs::OpenOptions::new()
+    let fail = |what: &str, e: std::io::Error| {
+        Error::unavailable(format!(
+            "cannot {what} the SQLite lock file {}: {e}",
+            path.display()
+        ))
+        .with_source(e)
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => return Ok(()),
+        Ok(_) => return Err(not_a_file(path)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail("inspect", e)),
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let draft = dir.join(format!(
+        ".{}.{}.{}",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("locks.db"),
+        std::process::id(),
+        fastrand::u64(..)
+    ));
+    // `create_new` is O_EXCL: it follows no link and touches no file.
+    let made = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o666)
-        .open(path)
-    {
-        Ok(f) => f
-            .set_permissions(std::fs::Permissions::from_mode(0o666))
-            .map_err(|e| {
-                Error::unavailable(format!("cannot open {} to every user", path.display()))
-                    .with_source(e)
-            }),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(Error::unavailable(format!(
-            "cannot make the SQLite lock file {}: {e}",
-            path.display()
-        ))
-        .with_source(e)),
+        .open(&draft)
+        .and_then(|f| f.set_permissions(std::fs::Permissions::from_mode(0o666)));
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&draft);
+        return Err(fail("make", e));
     }
+    // link(2) never replaces: whoever links first made the file.
+    let linked = std::fs::hard_link(&draft, path);
+    let _ = std::fs::remove_file(&draft);
+    match linked {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_file() => Ok(()),
+                _ => Err(not_a_file(path)),
+            }
+        }
+        Err(e) => Err(fail("make", e)),
+    }
+}
+
+fn not_a_file(path: &Path) -> Error {
+    Error::unavailable(format!(
+        "{} is not a regular file (a link, or something else): fenced will not open it as \
+         the host's lock file; remove it to have it made again",
+        path.display()
+    ))
 }
 
 async fn open_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error> {
