@@ -3,8 +3,9 @@
 //!
 //! Jobs run concurrently, each try bounded by the backend's request
 //! timeout, so one release stuck on a server that does not answer never
-//! holds up the others. They share the client's [`MAX_CALLS`] slots with
-//! the tries of acquisitions (first come, first served): an application
+//! holds up the others. Withdrawals share the client's [`MAX_CALLS`] slots
+//! with the tries of acquisitions (first come, first served); releases of
+//! held guards, at most one per guard, take none. An application
 //! that drops acquisitions faster than the server can withdraw them (a
 //! `timeout` around `acquire` in a tight loop) has its new tries wait for
 //! the withdrawals, rather than piling both up without bound.
@@ -17,9 +18,9 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 
-/// Background jobs and acquisition tries in flight at once, per client;
-/// more wait their turn. Renewals and the caller's own releases do not
-/// count: they never wait behind this.
+/// Withdrawals and acquisition tries in flight at once, per client; more
+/// wait their turn. Renewals and releases do not count: they never wait
+/// behind this.
 pub(crate) const MAX_CALLS: usize = 128;
 
 /// How many request timeouts a withdrawal waits for the try it follows.
@@ -66,8 +67,11 @@ pub(crate) fn spawn(
                     }
                     Some(job) => {
                         let (backend, slots) = (backend.clone(), slots.clone());
+                        // A release frees a hold someone was given: at most
+                        // one per guard, never queued behind tries.
+                        let slotted = matches!(job, Job::Abandon { .. });
                         running.spawn(async move {
-                            let Ok(_slot) = slots.acquire_owned().await else { return };
+                            let _slot = if slotted { slots.acquire_owned().await.ok() } else { None };
                             run(&backend, job).await;
                         });
                     }
