@@ -59,6 +59,15 @@ enum OnLost {
 
 pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Result<ExitCode> {
     let client = connect(backend.as_deref()).await?;
+    let code = run_with(&client, args).await;
+    // On every path, errors too: what the client still owes the backend
+    // (a release, the withdrawal of a try that timed out) goes out before
+    // the process does.
+    client.close().await;
+    code
+}
+
+async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<ExitCode> {
     let lock = match (args.shared, args.permits, args.of) {
         (true, _, _) => client.rwlock(&args.name)?.read(),
         (false, Some(take), Some(max)) => {
@@ -93,7 +102,6 @@ pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Resul
             args.name,
             wait.as_deref().unwrap_or("the wait")
         );
-        client.close().await;
         return Ok(ExitCode::from(args.conflict_exit_code));
     };
     let token = guard.fencing_token();
@@ -109,7 +117,6 @@ pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Resul
         Err(e) => {
             eprintln!("fenced: cannot run {:?}: {e}", args.cmd[0]);
             guard.release().await?;
-            client.close().await;
             return Ok(ExitCode::from(127));
         }
     };
@@ -144,7 +151,6 @@ pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Resul
             args.name
         );
     }
-    client.close().await;
     Ok(code)
 }
 
