@@ -158,7 +158,11 @@ pub(crate) async fn worker(backend: Option<String>, args: WorkerArgs) -> anyhow:
         }
     });
     tokio::spawn({
-        let (lock, emit_as, seed) = (lock.clone(), emit_as.clone(), args.seed);
+        // The default lease (30 s), not the run's short one: a grant a
+        // dropped acquisition leaked then outlives the cleanup bound, where
+        // the checker sees it, instead of running out unseen.
+        let lock = client.mutex(&args.name)?;
+        let (emit_as, seed) = (emit_as.clone(), args.seed);
         async move {
             let mut round = 0;
             while let Some(ms) = storm_asked.recv().await {

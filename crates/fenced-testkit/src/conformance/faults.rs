@@ -277,9 +277,11 @@ pub async fn cancelled_acquires_leave_nothing(fx: &Fixture) {
 
 /// A cancellation storm from many tasks sharing one client, with default
 /// settings: each drops acquisitions in a tight loop, 0–2 ms in, far
-/// faster than the server can answer or withdraw them. Afterwards nothing
-/// is left held or queued, and another client takes the lock, within the
-/// usual bound. (Before the client bounded its calls in flight, every
+/// faster than the server can answer or withdraw them, while the lock is
+/// held and after it is released (so some drops land as grants). Afterwards
+/// nothing is left held or queued, and another client takes the lock,
+/// within the usual bound: a grant leaked with the default 30 s lease would
+/// outlast it. (Before the client bounded its calls in flight, every
 /// dropped try went on in the background and every one was withdrawn, so
 /// the backlog kept an SQLite file busy long after the storm.)
 pub async fn cancellation_storm_leaves_the_lock_usable(fx: &Fixture) {
@@ -289,6 +291,10 @@ pub async fn cancellation_storm_leaves_the_lock_usable(fx: &Fixture) {
     let name = unique("storm-many");
     let (a, b) = fx.two_clients().await;
     let holder = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(holder.release().await.unwrap());
+    });
     let mut tasks = Vec::new();
     for i in 0..TASKS {
         let lock = b.mutex(&name).unwrap();
@@ -306,7 +312,7 @@ pub async fn cancellation_storm_leaves_the_lock_usable(fx: &Fixture) {
     for task in tasks {
         task.await.unwrap();
     }
-    assert!(holder.release().await.unwrap());
+    release.await.unwrap();
     t.wait_until(
         &format!("{name}: the storm left a hold or a queue place"),
         || async {

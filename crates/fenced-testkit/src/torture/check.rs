@@ -134,6 +134,7 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
     let mut accepted: Vec<(u64, u64, u64)> = Vec::new(); // (t, sent, token)
     let mut probes: Vec<(u64, u64, &[u64], u32)> = Vec::new(); // (sent, t, named, holders)
     let mut signals: Vec<u64> = Vec::new(); // when lost signals fired
+    let mut released: std::collections::HashMap<u64, u64> = Default::default(); // token -> called
     for e in &ev {
         let st = workers.entry(e.w).or_default();
         let close = |st: &mut WorkerState, holds: &mut Vec<Hold>| {
@@ -181,6 +182,7 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
             Kind::Released { called, .. } => {
                 if let Some(i) = st.open.take() {
                     holds[i].end = Some((*called).min(e.t));
+                    released.insert(holds[i].token, *called);
                 }
                 if let Some(h) = st.last.take().map(|i| &holds[i])
                     && h.refused
@@ -265,7 +267,7 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
     // within the cleanup bound. Only holds first named during a storm:
     // a worker killed between its grant and its event leaves one too.
     if probing.names_tokens {
-        f.leaked_grants = leaked_grants(&ev, &grants, &probes, probing.cleanup_bound_ms);
+        f.leaked_grants = leaked_grants(&ev, &grants, &released, &probes, probing.cleanup_bound_ms);
     }
     // Lost signals are charged to the fault whose window they fell in;
     // with none, they were false.
@@ -284,15 +286,20 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
     f
 }
 
-/// Holds named by the side probe, first during a storm, that no worker
-/// was given, and named for longer than `bound_ms` from the first probe
-/// that named them to the last.
+/// Grants a cancellation storm leaked: holds the side probe named longer
+/// than `bound_ms` (from the first probe that named them to the last) that
+/// either no worker was given, first named during a storm or within the
+/// bound after it, or were given and released during a storm, and still
+/// named past their release by more than the bound (a release dropped
+/// part-way, a guard dropped).
 fn leaked_grants(
     ev: &[&Event],
     grants: &[(u64, u64, u64, u32)],
+    released: &std::collections::HashMap<u64, u64>,
     probes: &[(u64, u64, &[u64], u32)],
     bound_ms: u64,
 ) -> u64 {
+    let bound = bound_ms * 1_000_000;
     let mut storms = Vec::new();
     for (i, e) in ev.iter().enumerate() {
         if let Kind::FaultStart {
@@ -317,6 +324,11 @@ fn leaked_grants(
     if storms.is_empty() {
         return 0;
     }
+    let in_storm = |t: u64, slack: u64| {
+        storms
+            .iter()
+            .any(|&(a, b)| t >= a && t <= b.saturating_add(slack))
+    };
     let given: std::collections::HashSet<u64> = grants.iter().map(|g| g.2).collect();
     let mut named: std::collections::HashMap<u64, (u64, u64)> = Default::default();
     for &(_, t, tokens, _) in probes {
@@ -325,13 +337,12 @@ fn leaked_grants(
             span.1 = t;
         }
     }
-    let bound = bound_ms * 1_000_000;
     named
         .iter()
-        .filter(|(k, (first, last))| {
-            !given.contains(k)
-                && storms.iter().any(|&(a, b)| *first >= a && *first <= b)
-                && last - first > bound
+        .filter(|(k, (first, last))| match released.get(k) {
+            _ if !given.contains(k) => in_storm(*first, bound) && last - first > bound,
+            Some(&at) => in_storm(at, 0) && last.saturating_sub(at) > bound,
+            None => false,
         })
         .count() as u64
 }
@@ -629,6 +640,9 @@ mod tests {
         assert_eq!(check(&h, 0).leaked_grants, 0, "within the bound");
         h.push(probe(12_301, vec![8, 9]));
         assert_eq!(check(&h, 0).leaked_grants, 1);
+        // Token 7, released during the storm, still named 12 s after.
+        h.push(probe(12_402, vec![7]));
+        assert_eq!(check(&h, 0).leaked_grants, 2);
         // Advisory locks name no tokens: nothing to judge.
         let blind = Probing {
             signal_bound_ms: 10_000,
