@@ -27,14 +27,14 @@
 use crate::core::worker::Job;
 use crate::name::LockName;
 use crate::spi::lease::{Bound, believed_until};
-use crate::spi::sync::unpoisoned;
+use crate::spi::sync::{Watch, unpoisoned};
 use crate::spi::{HoldRef, Mode};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// Why a hold was lost.
@@ -104,7 +104,7 @@ pub(crate) struct Hold {
     pub(crate) reentrant: bool,
     count: AtomicU32,
     released: AtomicBool,
-    state: watch::Sender<HoldState>,
+    state: Watch<HoldState>,
     session: Option<Bound>,
     worker: mpsc::UnboundedSender<Job>,
 }
@@ -120,7 +120,7 @@ impl Hold {
             token: g.token,
             count: AtomicU32::new(1),
             released: AtomicBool::new(false),
-            state: watch::Sender::new(HoldState {
+            state: Watch::new(HoldState {
                 deadline,
                 lost: None,
             }),
@@ -149,12 +149,12 @@ impl Hold {
     }
 
     pub(crate) fn state(&self) -> HoldState {
-        *self.state.borrow()
+        self.state.get()
     }
 
     /// Until when the session keeps the hold, if it is on one.
     fn session_until(&self) -> Option<Instant> {
-        self.session.as_ref().map(|s| *s.borrow())
+        self.session.as_ref().map(|s| s.get())
     }
 
     /// The earliest moment the server could give the hold away: its
@@ -227,12 +227,12 @@ impl Hold {
         let mut rx = self.state.subscribe();
         let mut session = self.session.clone();
         loop {
-            let s = *rx.borrow_and_update();
+            let s = rx.get_and_update();
             if let Some(reason) = s.lost {
                 return reason;
             }
             let until = match session.as_mut() {
-                Some(b) => s.deadline.min(*b.borrow_and_update()),
+                Some(b) => s.deadline.min(b.get_and_update()),
                 None => s.deadline,
             };
             let session_moved = async {
@@ -279,12 +279,12 @@ impl Hold {
         let mut rx = self.state.subscribe();
         let mut session = self.session.clone();
         loop {
-            let s = *rx.borrow_and_update();
+            let s = rx.get_and_update();
             if s.lost.is_some() || self.is_released() {
                 return;
             }
             let until = match session.as_mut() {
-                Some(b) => s.deadline.min(*b.borrow_and_update()),
+                Some(b) => s.deadline.min(b.get_and_update()),
                 None => s.deadline,
             };
             let session_moved = async {

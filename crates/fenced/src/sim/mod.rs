@@ -229,10 +229,6 @@ fn run_here(seed: u64) -> Outcome {
 }
 
 async fn simulate(plan: Plan) -> Record {
-    // The paused clock starts wherever the real one was, a fraction of a
-    // millisecond off the timer's grain; one sleep puts it on the grain,
-    // so that every deadline after it rounds the same way in every run.
-    tokio::time::sleep(Duration::from_millis(1)).await;
     let log = Log::new();
     let names = lock_names();
     let world = World::new(plan.seed, plan.keeping, plan.clients, log.clone())

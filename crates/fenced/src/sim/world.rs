@@ -151,8 +151,7 @@ impl World {
     }
 
     /// One message's delay: a base of 1 or 2 ms, and the jitter, in
-    /// whole milliseconds (the timer's grain: finer delays would round by
-    /// where the run's clock started, and a seed would not replay).
+    /// whole milliseconds (the timer's grain).
     fn delay(&self) -> Duration {
         let jitter = unpoisoned(&self.faults).jitter;
         let ms = jitter.as_millis() as u64;

@@ -1,10 +1,9 @@
 //! Lease arithmetic: until when a grant, a renewal or a session is
 //! believed, how long a queue place lives, and how long leases may be.
 
-use crate::spi::sync::unpoisoned;
+use crate::spi::sync::{Seen, Watch, unpoisoned};
 use std::sync::Mutex;
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// The longest lease fenced accepts. A lock that must outlive a week
@@ -31,7 +30,7 @@ pub(crate) fn believed_until(sent: Instant, lease: Duration) -> Instant {
 /// Until when a session is believed to live on the server (see the module
 /// docs): the backend moves it forward with each confirmed keep-alive, and
 /// back to the present when it knows the session is gone.
-pub(crate) type Bound = watch::Receiver<Instant>;
+pub(crate) type Bound = Seen<Instant>;
 
 /// The clock of a backend's session (an etcd lease, a ZooKeeper session),
 /// for the [`Bound`]s of its holds: which session is live (`K`, its id),
@@ -46,7 +45,7 @@ pub(crate) struct SessionClock<K> {
 
 struct Live<K> {
     id: K,
-    bound: watch::Sender<Instant>,
+    bound: Watch<Instant>,
     /// Known gone: no later word moves the bound again.
     ended: bool,
 }
@@ -58,7 +57,7 @@ impl<K: Copy + PartialEq> SessionClock<K> {
         SessionClock {
             live: Mutex::new(Live {
                 id,
-                bound: watch::Sender::new(until),
+                bound: Watch::new(until),
                 ended: false,
             }),
         }
@@ -75,7 +74,7 @@ impl<K: Copy + PartialEq> SessionClock<K> {
         if live.id == id && !live.ended {
             live.bound.subscribe()
         } else {
-            watch::channel(Instant::now()).1
+            Seen::fixed(Instant::now())
         }
     }
 
@@ -84,7 +83,7 @@ impl<K: Copy + PartialEq> SessionClock<K> {
     pub(crate) fn start(&self, id: K, until: Instant) {
         *self.live() = Live {
             id,
-            bound: watch::Sender::new(until),
+            bound: Watch::new(until),
             ended: false,
         };
     }

@@ -13,11 +13,10 @@
 //! it learns its ticket only if that ticket was among them.
 
 use crate::spi::Ticket;
-use crate::spi::sync::unpoisoned;
+use crate::spi::sync::{Seen, Watch, unpoisoned};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::watch;
 
 #[derive(Default)]
 pub(crate) struct Wakeups {
@@ -30,7 +29,7 @@ pub(crate) struct Wakeups {
 /// (tickets are positive; 0 until its first attempt comes back, -1 if
 /// that attempt gave it none).
 struct Slot {
-    tx: watch::Sender<u64>,
+    tx: Watch<u64>,
     ticket: AtomicI64,
     /// Head tickets announced while `ticket` was 0. Both are changed under
     /// this lock, so a message is either heard here or matched against
@@ -94,7 +93,7 @@ impl Wakeups {
     /// Declares interest in `name` until the returned handle drops.
     pub(crate) fn interest(self: &Arc<Self>, name: &str) -> Interest {
         let slot = Arc::new(Slot {
-            tx: watch::Sender::new(0),
+            tx: Watch::new(0),
             ticket: AtomicI64::new(0),
             heard: Mutex::default(),
         });
@@ -133,7 +132,7 @@ impl Wakeups {
 
 /// A waiter's interest in one name.
 pub(crate) struct Interest {
-    rx: watch::Receiver<u64>,
+    rx: Seen<u64>,
     slot: Arc<Slot>,
     name: Arc<str>,
     owner: Arc<Wakeups>,
@@ -142,7 +141,7 @@ pub(crate) struct Interest {
 impl Interest {
     /// The version to compare against after an attempt.
     pub(crate) fn version(&self) -> u64 {
-        *self.rx.borrow()
+        self.rx.get()
     }
 
     /// The queue ticket this waiter now waits with, if any: from then
@@ -169,7 +168,11 @@ impl Interest {
     pub(crate) async fn changed_since(&mut self, seen: u64) {
         // The sender lives in the slot this handle owns, so this cannot
         // err; were it to, treat it as a change.
-        let _ = self.rx.wait_for(|v| *v != seen).await;
+        while self.rx.get_and_update() == seen {
+            if self.rx.changed().await.is_err() {
+                return;
+            }
+        }
     }
 }
 

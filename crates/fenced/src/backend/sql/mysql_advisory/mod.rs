@@ -44,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::lease::QUEUE_TTL;
 use crate::spi::lease::believed_until;
-use crate::spi::sync::unpoisoned;
+use crate::spi::sync::{Watch, unpoisoned};
 use crate::spi::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
     Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Ticket, Withdrawal,
@@ -57,7 +57,6 @@ use std::hash::Hasher;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 mod holds;
@@ -95,9 +94,9 @@ struct SessionHold {
     name: LockName,
     owner: String,
     /// Set when the hold ends: its session keeper stops.
-    ended: watch::Sender<bool>,
+    ended: Watch<bool>,
     /// Until when the server keeps the session (its `wait_timeout`).
-    alive: watch::Sender<Instant>,
+    alive: Watch<Instant>,
 }
 
 /// A waiter's session, waiting inside the server for the lock.

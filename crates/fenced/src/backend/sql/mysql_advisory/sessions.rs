@@ -150,8 +150,8 @@ impl Shared {
             key,
             name: req.name.clone(),
             owner: req.owner_key.clone(),
-            ended: watch::Sender::new(false),
-            alive: watch::Sender::new(believed_until(sent, self.idle_timeout)),
+            ended: Watch::new(false),
+            alive: Watch::new(believed_until(sent, self.idle_timeout)),
         });
         let bound = hold.alive.subscribe();
         unpoisoned(&self.holds).insert(req.hold_id.clone(), hold.clone());
@@ -162,7 +162,7 @@ impl Shared {
             // by the core, which releases it: no lease timer here.)
             let mut ended = hold.ended.subscribe();
             loop {
-                if *ended.borrow_and_update() {
+                if ended.get_and_update() {
                     break;
                 }
                 tokio::select! {

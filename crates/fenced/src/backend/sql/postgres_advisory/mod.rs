@@ -37,7 +37,7 @@ use crate::backend::sql::postgres::PgBackend;
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::lease::believed_until;
-use crate::spi::sync::unpoisoned;
+use crate::spi::sync::{Watch, unpoisoned};
 use crate::spi::{
     Attempt, Backend, Blocked, BoxFuture, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
     Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Withdrawal,
@@ -48,7 +48,6 @@ use std::collections::HashMap;
 use std::hash::Hasher;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 mod holds;
@@ -96,9 +95,9 @@ struct SessionHold {
     key: i64,
     name: LockName,
     /// Set when the hold ends: its session keeper stops.
-    ended: watch::Sender<bool>,
+    ended: Watch<bool>,
     /// Until when the server keeps the session (with an idle timeout).
-    alive: Option<watch::Sender<Instant>>,
+    alive: Option<Watch<Instant>>,
 }
 
 type Holds = Arc<Mutex<HashMap<String, Arc<SessionHold>>>>;
@@ -257,15 +256,15 @@ impl PgAdvisory {
         };
         let alive = self
             .idle_timeout
-            .map(|t| watch::Sender::new(believed_until(sent, t)));
-        let bound = alive.as_ref().map(watch::Sender::subscribe);
+            .map(|t| Watch::new(believed_until(sent, t)));
+        let bound = alive.as_ref().map(Watch::subscribe);
         let hold = Arc::new(SessionHold {
             conn: session,
             owner: req.owner_key.clone(),
             shared,
             key: k,
             name: req.name.clone(),
-            ended: watch::Sender::new(false),
+            ended: Watch::new(false),
             alive,
         });
         unpoisoned(&self.holds).insert(req.hold_id.clone(), hold.clone());
@@ -364,7 +363,7 @@ async fn touch(hold: &SessionHold, idle_timeout: Option<Duration>) -> bool {
 async fn keep_busy(hold: Arc<SessionHold>, t: Duration) {
     let mut ended = hold.ended.subscribe();
     loop {
-        if *ended.borrow_and_update() {
+        if ended.get_and_update() {
             return;
         }
         tokio::select! {
