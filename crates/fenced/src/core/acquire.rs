@@ -48,10 +48,6 @@ struct Cleanup<'a> {
     in_flight: Vec<InFlight>,
     /// A try failed with no answer: it may still reach the server later.
     doubtful: bool,
-    /// A try was started: until then there is nothing to withdraw (a
-    /// caller that went away while its first try waited for a slot left
-    /// no trace on the server).
-    sent: bool,
 }
 
 impl Cleanup<'_> {
@@ -62,9 +58,7 @@ impl Cleanup<'_> {
 
 impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
-        if let Some(a) = self.attempt.take()
-            && self.sent
-        {
+        if let Some(a) = self.attempt.take() {
             self.inner.send(Job::Abandon {
                 gone: a.withdrawal(),
                 after: std::mem::take(&mut self.in_flight),
@@ -117,8 +111,10 @@ async fn attempt_with_retry(
                     )));
                 }
             };
+            // Armed as the try goes out, not before: a caller that went
+            // away while it waited for a slot left no trace on the server.
+            cleanup.attempt = Some(attempt.clone());
             let (b, a) = (backend.clone(), attempt.clone());
-            cleanup.sent = true;
             cleanup.in_flight.push(tokio::spawn(async move {
                 let _slot = slot;
                 b.attempt(&a).await
@@ -265,7 +261,6 @@ async fn run_inner(
         attempt: None,
         in_flight: Vec::new(),
         doubtful: false,
-        sent: false,
     };
     let mut waiting_since = None;
     let mut late_grants = 0u32;
@@ -290,7 +285,6 @@ async fn run_inner(
             return Ok(Some(hold));
         }
         let seen = interest.as_ref().map(|i| i.version());
-        cleanup.attempt = Some(attempt.clone());
         // The lease counts from here: a retry that finds the grant of an
         // earlier try whose reply was lost gets that grant, whose lease
         // began then.
