@@ -99,7 +99,6 @@ impl MariaDb {
                 "--innodb-log-file-size=16M",
                 "--innodb-flush-log-at-trx-commit=2",
                 "--skip-name-resolve",
-                "--max-connections=500",
             ]);
         let log = d.join(format!("mariadbd-{}.out", self.port));
         let mut server = Server::start(cmd, &log, Signal::SIGTERM);

@@ -162,7 +162,6 @@ impl PgServer {
             "fsync=off",
             "synchronous_commit=on",
             "full_page_writes=off",
-            "max_connections=200",
         ] {
             cmd.arg("-c").arg(c);
         }

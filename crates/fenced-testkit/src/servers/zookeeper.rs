@@ -77,7 +77,7 @@ impl ZkEnsemble {
         let mut cfg = format!(
             "tickTime=2000\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={}\n\
              clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-             4lw.commands.whitelist=ruok,srvr,stat,mntr\nmaxClientCnxns=0\n",
+             4lw.commands.whitelist=ruok,srvr,stat,mntr\n",
             data.display(),
             self.nodes[i].port
         );
