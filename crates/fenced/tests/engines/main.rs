@@ -7,4 +7,5 @@ mod mariadb;
 mod multilock;
 mod postgres;
 mod redis;
+mod sqlite;
 mod zookeeper;

@@ -222,6 +222,20 @@ async fn open_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error
     let pool = SqlitePoolOptions::new()
         .max_connections(4)
         .min_connections(1)
+        // SQLite ends a transaction by itself when a write fails for a
+        // full disk or an I/O error; sqlx's ROLLBACK then fails, its count
+        // of open transactions stays above zero, and every later BEGIN on
+        // that connection fails ("non-zero transaction depth"): one full
+        // disk poisoned the pool for good. A connection still in a
+        // transaction once its queued rollback has run (the ping waits for
+        // it) is closed, not pooled again.
+        .after_release(|conn, _| {
+            Box::pin(async move {
+                use sqlx::Connection;
+                conn.ping().await?;
+                Ok(!conn.is_in_transaction())
+            })
+        })
         .connect_with(opts)
         .await?;
     sqlx::raw_sql(SCHEMA).execute(&pool).await?;
