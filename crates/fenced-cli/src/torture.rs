@@ -815,9 +815,13 @@ pub(crate) async fn torture(
     // Leave room after the last fault for the lock to be granted again.
     let room = |f: Fault| {
         let lasts = match f {
-            Fault::Pause | Fault::Partition | Fault::Clock | Fault::Slow | Fault::Storm => {
-                free_after + Duration::from_secs(2)
-            }
+            Fault::Pause
+            | Fault::Partition
+            | Fault::Clock
+            | Fault::Slow
+            | Fault::Storm
+            | Fault::Exhaust
+            | Fault::Disk => free_after + Duration::from_secs(2),
             Fault::Failover => Duration::from_secs(5),
             _ => Duration::from_secs(2),
         };
@@ -837,6 +841,8 @@ pub(crate) async fn torture(
             );
         }
         let victim = match f {
+            // Every worker's link, or every worker's client, at once.
+            Fault::Slow | Fault::Storm | Fault::Exhaust | Fault::Disk => None,
             // A server fault strikes while a worker holds the lock and
             // stays in its section across the outage: the case where a
             // server that forgot the lock (no persistence, a failover
@@ -851,8 +857,6 @@ pub(crate) async fn torture(
             }
             // A waiter whose clock runs ahead sees the holder's lease over.
             Fault::Clock => run.waiter(),
-            // Every worker's link, or every worker's client, at once.
-            Fault::Slow | Fault::Storm => None,
             // Cut off past the lease, the holder is still in its section
             // when the lock goes to another: its write must be refused and
             // its lost signal must have fired.
@@ -946,6 +950,22 @@ pub(crate) async fn torture(
                 format!(
                     "every worker's client {STORM_TASKS} tasks dropping acquisitions at random, \
                      for {lasts:?}"
+                )
+            }
+            (Fault::Exhaust, _) => {
+                let r = running.as_mut().expect("checked above");
+                let what = r.fault(f).map_err(anyhow::Error::msg)?;
+                // Each worker must connect again, to a full server.
+                for p in run.urls.iter().filter_map(|(_, p)| p.as_ref()) {
+                    p.cut();
+                }
+                let lasts = free_after + Duration::from_secs(2);
+                tokio::time::sleep(lasts).await;
+                let held = r.hoarded().unwrap_or(0);
+                r.heal();
+                format!(
+                    "{what}; every worker's connections reset; {held} held at the end \
+                     (slots that freed taken again); freed after {lasts:?}"
                 )
             }
             (Fault::Partition, Some((w, _))) => {
@@ -1074,6 +1094,7 @@ fn outage(f: Fault, free_after: Duration) -> Duration {
     match f {
         Fault::Failover => Duration::from_secs(4),
         Fault::Stall => free_after / 3,
+        Fault::Disk => free_after + Duration::from_secs(2),
         _ => Duration::from_secs(1),
     }
 }

@@ -27,7 +27,7 @@ fn cost(f: Fault, free: u64) -> u64 {
         Fault::Restart | Fault::Leader => free + 7,
         Fault::Failover | Fault::Quorum => free + 12,
         Fault::Stall => free / 3 + 3,
-        Fault::Slow | Fault::Storm => free + 3,
+        Fault::Slow | Fault::Storm | Fault::Exhaust | Fault::Disk => free + 3,
     }
 }
 

@@ -43,11 +43,21 @@ pub enum Fault {
     /// some of what it wins mid-release, for a lease or session and more:
     /// a cancellation storm under contention. Nothing may leak.
     Storm,
+    /// Fill the server's connection limit at its default (Redis
+    /// `maxclients`, PostgreSQL and MariaDB `max_connections`, ZooKeeper's
+    /// `maxClientCnxns` per address) with idle connections of the test
+    /// kit's own, and reset every worker's connections, so that they must
+    /// reconnect to a full server; for a lease or session and more, the
+    /// hoard taking each slot that frees, then free them all.
+    Exhaust,
+    /// Fill the file system under SQLite's lock file (a tmpfs of the
+    /// run's own) to its last byte for a lease and more, then free it.
+    Disk,
 }
 
 impl Fault {
     /// Every fault, in the order a mixed run cycles through them.
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 14] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Cut,
@@ -60,6 +70,8 @@ impl Fault {
         Fault::Quorum,
         Fault::Slow,
         Fault::Storm,
+        Fault::Exhaust,
+        Fault::Disk,
     ];
 
     /// Its name on the command line.
@@ -77,6 +89,8 @@ impl Fault {
             Fault::Quorum => "quorum",
             Fault::Slow => "slow",
             Fault::Storm => "storm",
+            Fault::Exhaust => "exhaust",
+            Fault::Disk => "disk",
         }
     }
 
@@ -93,7 +107,10 @@ impl Fault {
 
     /// Whether the fault needs the holder's traffic to pass the proxy.
     pub fn needs_proxy(self) -> bool {
-        matches!(self, Fault::Cut | Fault::Partition | Fault::Slow)
+        matches!(
+            self,
+            Fault::Cut | Fault::Partition | Fault::Slow | Fault::Exhaust
+        )
     }
 
     /// Whether the fault strikes one worker, a holder or a waiter, rather
@@ -106,7 +123,13 @@ impl Fault {
     pub fn needs_spawn(self) -> bool {
         matches!(
             self,
-            Fault::Restart | Fault::Leader | Fault::Failover | Fault::Stall | Fault::Quorum
+            Fault::Restart
+                | Fault::Leader
+                | Fault::Failover
+                | Fault::Stall
+                | Fault::Quorum
+                | Fault::Exhaust
+                | Fault::Disk
         )
     }
 }
@@ -309,6 +332,28 @@ pub fn expect(family: Family, fault: Option<Fault>) -> Option<Expect> {
         },
         // Dropped calls withdraw what they asked for, on every backend.
         Some(Fault::Storm) => must,
+        // A full server refuses new connections with an error: a client
+        // cut off from it is told at once, keeps no hold past its lease,
+        // and takes the lock again once slots free. A session lock goes
+        // with the reset connection, and another client may get in (a
+        // slot that frees) before the holder hears it, as under `cut`.
+        // etcd has no connection limit; the Redis topologies behind
+        // several addresses, and SQLite, have no proxy to reset through.
+        Some(Fault::Exhaust) => match family {
+            B::Redis | B::SqlLease | B::ZooKeeper => must,
+            B::SqlAdvisory => Expect {
+                exclusion: M,
+                ..must
+            },
+            B::Sqlite | B::Sentinel | B::Cluster | B::RedLock | B::Etcd => return None,
+        },
+        // No write reaches the lock file: nobody is granted the lock, a
+        // holder whose renewals fail is told before its lease ends, and
+        // the file works again once space frees.
+        Some(Fault::Disk) => match family {
+            B::Sqlite => must,
+            _ => return None,
+        },
         // Asynchronous replication: the promoted replica may not have the
         // lock (tokens still rise: they follow the server's clock). The
         // lost signal holds: clients follow the newest master the

@@ -7,6 +7,7 @@
 //! calls [`check`] on what was recorded.
 
 mod check;
+mod exhaust;
 mod expect;
 pub mod proxy;
 pub mod topology;

@@ -104,6 +104,18 @@ impl Topology {
             Fault::Leader | Fault::Quorum => matches!(self, T::Zookeeper3 | T::Etcd3),
             Fault::Stall => self != T::Sqlite,
             Fault::Failover => self == T::Sentinel,
+            // Only root mounts the small file system it fills.
+            Fault::Disk => self == T::Sqlite && nix::unistd::Uid::effective().is_root(),
+            Fault::Exhaust => matches!(
+                self,
+                T::Redis
+                    | T::RedisAof
+                    | T::Postgres
+                    | T::PostgresAdvisory
+                    | T::Mariadb
+                    | T::MariadbAdvisory
+                    | T::Zookeeper
+            ),
             _ => true,
         }
     }
@@ -179,8 +191,16 @@ impl Topology {
         let (servers, url) = match self {
             T::Sqlite => {
                 let dir = tempfile::tempdir().expect("a temp dir for SQLite");
+                // On a file system of its own, as root, for the disk fault.
+                let mounted = nix::unistd::Uid::effective().is_root() && {
+                    std::process::Command::new("mount")
+                        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+                        .arg(dir.path())
+                        .status()
+                        .is_ok_and(|s| s.success())
+                };
                 let url = format!("sqlite://{}", dir.path().join("locks.db").display());
-                (Servers::Sqlite(dir), url)
+                (Servers::Sqlite(LockDir { dir, mounted }), url)
             }
             T::Redis | T::RedisAof => {
                 let s = if self == T::RedisAof {
@@ -247,9 +267,8 @@ impl Topology {
 }
 
 enum Servers {
-    /// Kept for its drop: the temp dir goes with the run.
-    #[allow(dead_code)]
-    Sqlite(tempfile::TempDir),
+    /// The lock file's directory, a tmpfs of its own when `mounted`.
+    Sqlite(LockDir),
     Redis(RedisServer),
     Sentinel(RedisSentinel),
     Cluster(RedisCluster),
@@ -258,6 +277,29 @@ enum Servers {
     Mariadb(MariaDb),
     Zk(ZkEnsemble),
     Etcd(EtcdCluster),
+}
+
+/// SQLite's directory: gone (unmounted first) with the run.
+struct LockDir {
+    dir: tempfile::TempDir,
+    mounted: bool,
+}
+
+impl LockDir {
+    fn filler(&self) -> std::path::PathBuf {
+        self.dir.path().join("filler")
+    }
+}
+
+impl Drop for LockDir {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
 }
 
 /// A started topology.
@@ -278,6 +320,10 @@ enum Down {
     Killed(Vec<usize>),
     /// Every server is stopped (SIGSTOP).
     Stopped,
+    /// The server's connection limit is filled.
+    Full(super::exhaust::Hoard),
+    /// The lock file's file system is full.
+    DiskFull,
 }
 
 impl Running {
@@ -318,6 +364,35 @@ impl Running {
             let n = stopped.len();
             self.down = Down::Stopped;
             return Ok(format!("SIGSTOP {n} server(s)"));
+        }
+        if fault == Fault::Exhaust {
+            let at = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            use super::exhaust::Engine;
+            let engine = match &self.servers {
+                Servers::Redis(s) => Engine::Redis(at(s.port)),
+                Servers::Postgres(s) => Engine::Postgres(s.url()),
+                Servers::Mariadb(s) => Engine::Mariadb(s.url()),
+                Servers::Zk(z) if z.nodes.len() == 1 => Engine::ZooKeeper(at(z.nodes[0].port)),
+                _ => return Err(format!("{} has no limit to fill", self.topology.name())),
+            };
+            let (hoard, n) = super::exhaust::Hoard::fill(engine)?;
+            self.down = Down::Full(hoard);
+            return Ok(format!("{n} idle connections fill the server's limit"));
+        }
+        if fault == Fault::Disk {
+            let Servers::Sqlite(d) = &self.servers else {
+                return Err(format!("{} has no lock file", self.topology.name()));
+            };
+            if !d.mounted {
+                return Err(
+                    "the lock file is not on a file system of its own (mount failed)".into(),
+                );
+            }
+            let n = fill(&d.filler())?;
+            self.down = Down::DiskFull;
+            return Ok(format!(
+                "the lock file's file system filled ({n} bytes of filler)"
+            ));
         }
         if fault == Fault::Quorum {
             // An election may be under way (the last fault healed a
@@ -412,6 +487,15 @@ impl Running {
         Ok(format!("SIGKILL {what}"))
     }
 
+    /// How many connections fill the server's limit now, while
+    /// [`Fault::Exhaust`] is in effect.
+    pub fn hoarded(&self) -> Option<usize> {
+        match &self.down {
+            Down::Full(h) => Some(h.held()),
+            _ => None,
+        }
+    }
+
     /// Heals the fault: starts the killed servers again on their data, or
     /// lets the stopped ones go on (SIGCONT).
     pub fn heal(&mut self) {
@@ -424,6 +508,16 @@ impl Running {
                 return;
             }
             Down::Killed(v) => v,
+            Down::Full(hoard) => {
+                drop(hoard);
+                return;
+            }
+            Down::DiskFull => {
+                if let Servers::Sqlite(d) = &self.servers {
+                    let _ = std::fs::remove_file(d.filler());
+                }
+                return;
+            }
         };
         for i in killed {
             match &mut self.servers {
@@ -453,4 +547,23 @@ impl Running {
         };
         Some(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
     }
+}
+
+/// Writes `path` until its file system has no byte left; the bytes written.
+fn fill(path: &std::path::Path) -> Result<u64, String> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let block = vec![0xa5u8; 64 * 1024];
+    let mut n = 0u64;
+    // Big blocks, then single bytes for the last partial block.
+    for size in [block.len(), 4096, 1] {
+        loop {
+            match f.write_all(&block[..size]).and_then(|_| f.sync_data()) {
+                Ok(()) => n += size as u64,
+                Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32) => break,
+                Err(e) => return Err(format!("filling {}: {e}", path.display())),
+            }
+        }
+    }
+    Ok(n)
 }
