@@ -953,16 +953,29 @@ pub(crate) async fn torture(
                 )
             }
             (Fault::Exhaust, _) => {
-                let r = running.as_mut().expect("checked above");
-                let what = r.fault(f).map_err(anyhow::Error::msg)?;
-                // Each worker must connect again, to a full server.
-                for p in run.urls.iter().filter_map(|(_, p)| p.as_ref()) {
+                let what = on_servers(&mut running, move |r| r.fault(f))
+                    .await?
+                    .map_err(anyhow::Error::msg)?;
+                // Each worker must connect again, to a full server: its
+                // connections reset, and its reconnects held back a moment
+                // while the hoard takes the slots they freed, as a
+                // neighbour's connection storm would (a client that
+                // reconnects at once otherwise wins its slot back).
+                let proxies = || run.urls.iter().filter_map(|(_, p)| p.as_ref());
+                for p in proxies() {
+                    p.blackhole(true);
                     p.cut();
                 }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                proxies().for_each(|p| p.blackhole(false));
                 let lasts = free_after + Duration::from_secs(2);
                 tokio::time::sleep(lasts).await;
-                let held = r.hoarded().unwrap_or(0);
-                r.heal();
+                let held = on_servers(&mut running, |r| {
+                    let held = r.hoarded().unwrap_or(0);
+                    r.heal();
+                    held
+                })
+                .await?;
                 format!(
                     "{what}; every worker's connections reset; {held} held at the end \
                      (slots that freed taken again); freed after {lasts:?}"
@@ -979,6 +992,9 @@ pub(crate) async fn torture(
                     free_after + Duration::from_secs(1)
                 )
             }
+            // On this thread: a server restarted here dies with its thread
+            // (the test kit's parent-death signal), and a blocking pool's
+            // thread ends when idle.
             (_, _) => {
                 let r = running.as_mut().expect("checked above");
                 let what = r.fault(f).map_err(anyhow::Error::msg)?;
@@ -1079,6 +1095,32 @@ pub(crate) async fn torture(
 pub(crate) fn start(t: Topology, defaults: bool) -> anyhow::Result<Running> {
     std::panic::catch_unwind(|| t.start_with(defaults))
         .map_err(|p| anyhow::anyhow!("could not start {}: {}", t.name(), panic_text(&p)))
+}
+
+/// Runs `f` on the started topology on a blocking thread: filling a
+/// server's connection limit takes a while, and the driver's one runtime
+/// thread must go on reading the workers' events and probing the lock.
+/// Never for what starts a server: one started on a blocking pool's
+/// thread is killed when that thread ends (the test kit's parent-death
+/// signal). A panic in it comes back as an error.
+async fn on_servers<R: Send + 'static>(
+    running: &mut Option<Running>,
+    f: impl FnOnce(&mut Running) -> R + Send + 'static,
+) -> anyhow::Result<R> {
+    let mut r = running
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no servers were started (--spawn)"))?;
+    let (r, out) = tokio::task::spawn_blocking(move || {
+        let out = f(&mut r);
+        (r, out)
+    })
+    .await
+    .map_err(|e| match e.try_into_panic() {
+        Ok(p) => anyhow::anyhow!("{}", panic_text(&p)),
+        Err(e) => anyhow::anyhow!("{e}"),
+    })?;
+    *running = Some(r);
+    Ok(out)
 }
 
 async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {

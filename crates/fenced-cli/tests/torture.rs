@@ -167,6 +167,41 @@ fn torture_at_defaults(topology: Topology) {
     assert_teeth(topology, &faults, &r);
 }
 
+/// Every fault of `faults` that shuts clients out (a full disk, a full
+/// server) showed in the run: each time it struck, some worker's call
+/// failed, or the workers were granted the lock less than half as often
+/// as just before (a worker that kept a connection goes on; the others
+/// wait). A P claim under a fault that let every call through proves
+/// nothing.
+fn assert_refused(topology: Topology, faults: &[Fault], r: &serde_json::Value) {
+    for f in faults
+        .iter()
+        .filter(|f| matches!(f, Fault::Disk | Fault::Exhaust))
+    {
+        let struck: Vec<&serde_json::Value> = r["findings"]["recoveries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|x| x["fault"] == f.name())
+            .collect();
+        assert!(
+            !struck.is_empty(),
+            "{}: {} never struck: {r}",
+            topology.name(),
+            f.name()
+        );
+        for x in struck {
+            let n = |k: &str| x[k].as_u64().unwrap_or(0);
+            assert!(
+                n("errors") >= 1 || 2 * n("grants_during") < n("grants_before"),
+                "{}: under {} no worker's call failed nor did grants slow (it shut nobody out): {r}",
+                topology.name(),
+                f.name()
+            );
+        }
+    }
+}
+
 fn torture(topology: Topology) {
     let family = topology.family();
     let all_must = |f: &Fault| {
@@ -178,6 +213,7 @@ fn torture(topology: Topology) {
     let r = run(topology, &strict);
     assert_eq!(r["findings"]["overlaps"], 0, "{r}");
     assert_eq!(r["findings"]["lost_updates"], 0, "{r}");
+    assert_refused(topology, &strict, &r);
     if loose.is_empty() {
         return;
     }

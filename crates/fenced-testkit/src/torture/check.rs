@@ -75,6 +75,15 @@ pub struct Recovery {
     /// Lost signals that fired in the fault's window: the fault showed
     /// where it took a hold from a client that then knew it.
     pub signals: u64,
+    /// Calls that failed in workers while the fault lasted (its start to
+    /// its healing): the fault showed where clients could not reach the
+    /// lock (a full disk, a full server).
+    pub errors: u64,
+    /// Grants to workers while the fault lasted, and in as long a time
+    /// just before it: a fault that shuts clients out slows them.
+    pub grants_during: u64,
+    /// See [`grants_during`](Self::grants_during).
+    pub grants_before: u64,
 }
 
 /// What the checker needs to judge the side probes (I4).
@@ -430,6 +439,14 @@ fn recoveries(
             Some(t) => t - from > bound,
             None => end_of_run.saturating_sub(from) >= bound,
         };
+        let errors = ev[i..]
+            .iter()
+            .take_while(|x| x.t <= healed)
+            .filter(|x| x.w != 0 && matches!(x.e, Kind::Error { .. }))
+            .count() as u64;
+        let lasted = healed.saturating_sub(e.t);
+        let granted =
+            |from: u64, to: u64| grants.iter().filter(|g| g.0 >= from && g.0 < to).count();
         out.push(Recovery {
             fault: *fault,
             ms,
@@ -438,6 +455,9 @@ fn recoveries(
             overlaps: 0,
             overlap_ms: 0.0,
             signals: 0,
+            errors,
+            grants_during: granted(e.t, healed) as u64,
+            grants_before: granted(e.t.saturating_sub(lasted), e.t) as u64,
         });
         windows.push((e.t, healed + bound));
     }

@@ -51,6 +51,15 @@ impl Hoard {
     /// Opens connections until the server refuses one; `Err` if it takes
     /// [`MOST`] without refusing, or fails otherwise.
     pub(crate) fn fill(engine: Engine) -> Result<(Hoard, usize), String> {
+        // Redis's limit alone is 10,000 connections: the soft limit on open
+        // files (often 1,024) would stop the hoard long before, and the
+        // driver's own proxies with it.
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+            && soft < hard
+        {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let held = Arc::new(AtomicUsize::new(0));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -117,28 +126,54 @@ async fn hoard(
         return;
     }
     // Every slot that frees (a client's connection reset, one of ours
-    // closed by the server) is taken again, until the fault heals.
+    // closed by the server) is taken again, until the fault heals: at
+    // once for the first moments, when the driver resets the workers'
+    // connections and they race the hoard for their slots, then a few
+    // times a second (each refused try costs the server a little:
+    // PostgreSQL forks a backend for it).
+    let burst_until = tokio::time::Instant::now() + Duration::from_secs(2);
     let mut last_ping = tokio::time::Instant::now();
     while !stop.load(Ordering::Acquire) {
         match open(&engine).await {
             Ok(Some(c)) if conns.len() < MOST => conns.push(c),
-            // Each refused try costs the server a little (PostgreSQL
-            // forks for it): a few a second are enough to win a freed slot.
-            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            _ if tokio::time::Instant::now() < burst_until => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
         if last_ping.elapsed() > Duration::from_secs(3) {
-            // ZooKeeper ends a session that says nothing for its timeout.
-            if let Engine::ZooKeeper(_) = engine {
-                for c in &mut conns {
-                    if let Held::Tcp(s) = c {
-                        let _ = zk_ping(s).await;
+            // ZooKeeper ends a session that says nothing for its timeout;
+            // a socket the server closed holds no slot and is let go.
+            let zk = matches!(engine, Engine::ZooKeeper(_));
+            let mut live = Vec::with_capacity(conns.len());
+            for mut c in conns {
+                if let Held::Tcp(s) = &mut c {
+                    if zk && zk_ping(s).await.is_err() {
+                        continue;
+                    }
+                    let mut buf = [0u8; 512];
+                    if matches!(s.try_read(&mut buf), Ok(0)) {
+                        continue;
                     }
                 }
+                live.push(c);
             }
+            conns = live;
             last_ping = tokio::time::Instant::now();
         }
         held.store(conns.len(), Ordering::Release);
     }
+}
+
+/// Whether an I/O error on a connection just made says the server closed
+/// it (as a full server does), rather than that this host ran out of
+/// something (files, ports), which must not pass for a full server.
+fn closed_by_server(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        e.kind(),
+        K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof
+    )
 }
 
 /// One more connection the server counts; `None` when it refuses it for
@@ -163,7 +198,13 @@ async fn open(engine: &Engine) -> Result<Option<Held>, String> {
                 match sqlx::MySqlConnection::connect(url).await {
                     Ok(c) => Ok(Some(Held::My(c))),
                     // ER_CON_COUNT_ERROR, "Too many connections"
-                    Err(e) if e.to_string().contains("1040") => Ok(None),
+                    Err(e)
+                        if e.as_database_error()
+                            .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+                            .is_some_and(|m| m.number() == 1040) =>
+                    {
+                        Ok(None)
+                    }
                     Err(e) => Err(format!("MariaDB: {e}")),
                 }
             }
@@ -185,17 +226,21 @@ fn code(e: &sqlx::Error) -> Option<String> {
 async fn redis(addr: SocketAddr) -> Result<Option<Held>, String> {
     let mut s = match TcpStream::connect(addr).await {
         Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            return Err(format!("Redis: {e}"));
-        }
         // A full server may reset a connection as it is made.
-        Err(_) => return Ok(None),
+        Err(e) if closed_by_server(&e) => return Ok(None),
+        Err(e) => return Err(format!("Redis: {e}")),
     };
-    if s.write_all(b"PING\r\n").await.is_err() {
-        return Ok(None);
+    match s.write_all(b"PING\r\n").await {
+        Err(e) if closed_by_server(&e) => return Ok(None),
+        Err(e) => return Err(format!("Redis: {e}")),
+        Ok(()) => {}
     }
     let mut buf = [0u8; 128];
-    let n = s.read(&mut buf).await.unwrap_or(0);
+    let n = match s.read(&mut buf).await {
+        Ok(n) => n,
+        Err(e) if closed_by_server(&e) => 0,
+        Err(e) => return Err(format!("Redis: {e}")),
+    };
     let reply = String::from_utf8_lossy(&buf[..n]);
     if reply.starts_with("+PONG") {
         Ok(Some(Held::Tcp(s)))
@@ -211,11 +256,9 @@ async fn redis(addr: SocketAddr) -> Result<Option<Held>, String> {
 async fn zookeeper(addr: SocketAddr) -> Result<Option<Held>, String> {
     let mut s = match TcpStream::connect(addr).await {
         Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            return Err(format!("ZooKeeper: {e}"));
-        }
         // A full server may reset a connection as it is made.
-        Err(_) => return Ok(None),
+        Err(e) if closed_by_server(&e) => return Ok(None),
+        Err(e) => return Err(format!("ZooKeeper: {e}")),
     };
     // ConnectRequest: protocol version, last zxid seen, timeout (ms),
     // session id, password (length-prefixed, 16 zero bytes), read-only.
@@ -229,20 +272,20 @@ async fn zookeeper(addr: SocketAddr) -> Result<Option<Held>, String> {
     req.push(0);
     let mut framed = (req.len() as i32).to_be_bytes().to_vec();
     framed.extend_from_slice(&req);
-    if s.write_all(&framed).await.is_err() {
-        return Ok(None);
+    // Closed at accept (a reset, a broken pipe, an end of stream): the
+    // address has its fill.
+    let handshake = async {
+        s.write_all(&framed).await?;
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).await?;
+        let mut body = vec![0u8; i32::from_be_bytes(len).clamp(0, 1024) as usize];
+        s.read_exact(&mut body).await
+    };
+    match handshake.await {
+        Ok(_) => Ok(Some(Held::Tcp(s))),
+        Err(e) if closed_by_server(&e) => Ok(None),
+        Err(e) => Err(format!("ZooKeeper: {e}")),
     }
-    let mut len = [0u8; 4];
-    if s.read_exact(&mut len).await.is_err() {
-        // Closed at accept: the address has its fill.
-        return Ok(None);
-    }
-    let mut body = vec![0u8; i32::from_be_bytes(len).clamp(0, 1024) as usize];
-    if s.read_exact(&mut body).await.is_err() {
-        // Reset after accept (a broken pipe, a reset): refused all the same.
-        return Ok(None);
-    }
-    Ok(Some(Held::Tcp(s)))
 }
 
 /// A ping on a ZooKeeper session (xid -2, op 11); its answer is left

@@ -104,8 +104,9 @@ impl Topology {
             Fault::Leader | Fault::Quorum => matches!(self, T::Zookeeper3 | T::Etcd3),
             Fault::Stall => self != T::Sqlite,
             Fault::Failover => self == T::Sentinel,
-            // Only root mounts the small file system it fills.
-            Fault::Disk => self == T::Sqlite && nix::unistd::Uid::effective().is_root(),
+            // Only where a small file system can be mounted to fill (as
+            // root, with the right to mount: not in every container).
+            Fault::Disk => self == T::Sqlite && can_mount_tmpfs(),
             Fault::Exhaust => matches!(
                 self,
                 T::Redis
@@ -191,14 +192,8 @@ impl Topology {
         let (servers, url) = match self {
             T::Sqlite => {
                 let dir = tempfile::tempdir().expect("a temp dir for SQLite");
-                // On a file system of its own, as root, for the disk fault.
-                let mounted = nix::unistd::Uid::effective().is_root() && {
-                    std::process::Command::new("mount")
-                        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
-                        .arg(dir.path())
-                        .status()
-                        .is_ok_and(|s| s.success())
-                };
+                // On a file system of its own, for the disk fault.
+                let mounted = can_mount_tmpfs() && mount_tmpfs(dir.path(), "64m");
                 let url = format!("sqlite://{}", dir.path().join("locks.db").display());
                 (Servers::Sqlite(LockDir { dir, mounted }), url)
             }
@@ -388,6 +383,11 @@ impl Running {
                     "the lock file is not on a file system of its own (mount failed)".into(),
                 );
             }
+            // The WAL emptied first: SQLite writes it again from its start
+            // after a checkpoint, into space it already has, and a full
+            // file system would change nothing; from empty, its next pages
+            // need space the filler leaves none of.
+            checkpoint(&d.dir.path().join("locks.db"))?;
             let n = fill(&d.filler())?;
             self.down = Down::DiskFull;
             return Ok(format!(
@@ -566,4 +566,66 @@ fn fill(path: &std::path::Path) -> Result<u64, String> {
         }
     }
     Ok(n)
+}
+
+/// Mounts a tmpfs of `size` at `at`.
+fn mount_tmpfs(at: &std::path::Path, size: &str) -> bool {
+    std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(at)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Whether this process can mount a tmpfs (tried once, on a temp dir).
+fn can_mount_tmpfs() -> bool {
+    static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CAN.get_or_init(|| {
+        if !nix::unistd::Uid::effective().is_root() {
+            return false;
+        }
+        let Ok(dir) = tempfile::tempdir() else {
+            return false;
+        };
+        let ok = mount_tmpfs(dir.path(), "1m");
+        if ok {
+            let _ = std::process::Command::new("umount")
+                .arg(dir.path())
+                .status();
+        }
+        ok
+    })
+}
+
+/// Checkpoints SQLite's WAL at `db` and truncates it to nothing.
+fn checkpoint(db: &std::path::Path) -> Result<(), String> {
+    let url = format!("sqlite://{}", db.display());
+    let run = move || -> Result<(), String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            use sqlx::Connection;
+            let e = |e: sqlx::Error| format!("checkpointing {url}: {e}");
+            let mut c = sqlx::SqliteConnection::connect(&url).await.map_err(e)?;
+            sqlx::query("PRAGMA busy_timeout = 5000")
+                .execute(&mut c)
+                .await
+                .map_err(e)?;
+            let (busy, _, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+                .fetch_one(&mut c)
+                .await
+                .map_err(e)?;
+            let _ = c.close().await;
+            if busy != 0 {
+                return Err(format!("{url}: the WAL stayed busy; it was not emptied"));
+            }
+            Ok(())
+        })
+    };
+    std::thread::spawn(run)
+        .join()
+        .map_err(|_| "the checkpoint's thread panicked".to_string())?
 }
