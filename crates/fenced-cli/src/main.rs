@@ -7,6 +7,7 @@ use std::time::Duration;
 
 mod bench;
 mod demo;
+mod doctor;
 mod run;
 mod status;
 #[cfg(feature = "torture")]
@@ -77,6 +78,16 @@ enum Command {
     /// run` holding it kills its command. Exits 0 when the lock is free
     /// afterwards, 2 when it is held and --force was not given.
     Unlock(status::UnlockArgs),
+    /// Check what in the backend's settings weakens the guarantees.
+    ///
+    /// Redis persistence and eviction, PostgreSQL's synchronous_commit
+    /// and fsync, MariaDB's innodb_flush_log_at_trx_commit, the file
+    /// system and free space under SQLite's file, the size of an etcd
+    /// cluster or ZooKeeper ensemble and the session it grants, and the
+    /// server's clock offset. One verdict per check (pass, unknown, warn,
+    /// fail). Exits 1 if a check fails, 0 if none does, 69 if the backend
+    /// failed, 2 for a bad argument.
+    Doctor(doctor::DoctorArgs),
     /// Demonstrations with real worker processes.
     #[command(subcommand)]
     Demo(demo::Demo),
@@ -226,6 +237,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(backend, args).await,
             Command::Status(args) => status::status(backend, args).await,
             Command::Unlock(args) => status::unlock(backend, args).await,
+            Command::Doctor(args) => doctor::doctor(backend, args).await,
             Command::Demo(demo) => demo::demo(backend, demo).await,
             Command::DemoWorker(args) => demo::worker(backend, args).await,
             Command::Bench(args) => bench::bench(backend, args).await,

@@ -626,3 +626,103 @@ fn a_link_in_the_host_lock_directory_is_refused() {
     );
     assert!(!victim.exists(), "the link was followed");
 }
+
+/// `fenced doctor` on what a user runs: one line per check, its verdict
+/// first; exit 1 when a check fails, 0 otherwise.
+fn doctor(url: &str) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fenced"))
+        .args(["doctor", url])
+        .output()
+        .expect("run fenced doctor");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.code(), text)
+}
+
+/// The line of check `name`, which must be there.
+fn verdict<'a>(text: &'a str, name: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(name))
+        .unwrap_or_else(|| panic!("no {name} check in:\n{text}"))
+}
+
+/// Redis as Debian's test kit starts it, with no persistence, fails the
+/// persistence check; with an append-only file, nothing fails.
+#[test]
+fn doctor_fails_a_redis_that_forgets_its_locks_in_a_restart() {
+    use fenced_testkit::servers::redis::RedisServer;
+    let bare = RedisServer::start();
+    let (code, text) = doctor(&bare.url());
+    assert_eq!(code, Some(1), "{text}");
+    assert!(verdict(&text, "persistence").contains("FAIL"), "{text}");
+    assert!(verdict(&text, "eviction").contains("PASS"), "{text}");
+    assert!(verdict(&text, "clock").contains("PASS"), "{text}");
+    let aof = RedisServer::start_with(&["--appendonly", "yes"]);
+    let (code, text) = doctor(&aof.url());
+    assert_eq!(code, Some(0), "{text}");
+    assert!(verdict(&text, "persistence").contains("PASS"), "{text}");
+    let mut c = redis::Client::open(aof.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    for (k, v) in [("maxmemory", "100mb"), ("maxmemory-policy", "volatile-lru")] {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(k)
+            .arg(v)
+            .query::<()>(&mut c)
+            .unwrap();
+    }
+    let (code, text) = doctor(&aof.url());
+    assert_eq!(code, Some(1), "{text}");
+    assert!(verdict(&text, "eviction").contains("FAIL"), "{text}");
+}
+
+/// PostgreSQL: fenced's own sessions commit durably whatever the
+/// server's default; the test kit's fsync=off (a speed trade for tests)
+/// is a failing check, as it would be on a user's server.
+#[test]
+fn doctor_reads_postgresql_durability() {
+    let server = fenced_testkit::servers::postgres::PgServer::start();
+    // The default of every new session of this database (the test kit
+    // starts the server with synchronous_commit=on on its command line,
+    // which ALTER SYSTEM cannot override).
+    server.sql("ALTER DATABASE postgres SET synchronous_commit = off");
+    assert_eq!(server.sql("SHOW synchronous_commit"), "off");
+    let (code, text) = doctor(&server.url());
+    assert_eq!(code, Some(1), "{text}");
+    assert!(verdict(&text, "fsync").contains("FAIL"), "{text}");
+    let commit = verdict(&text, "synchronous_commit");
+    assert!(
+        commit.contains("PASS") && commit.contains("off by default"),
+        "{text}"
+    );
+}
+
+/// MariaDB at the test kit's innodb_flush_log_at_trx_commit = 2 warns;
+/// at 0, it fails. SQLite on a local disk, and memory://, fail nothing.
+#[test]
+fn doctor_reads_mariadb_durability_and_the_sqlite_file_system() {
+    let server = fenced_testkit::servers::mariadb::MariaDb::start();
+    let (code, text) = doctor(&server.url());
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        verdict(&text, "innodb_flush_log_at_trx_commit").contains("WARN"),
+        "{text}"
+    );
+    server.sql("SET GLOBAL innodb_flush_log_at_trx_commit = 0");
+    let (code, text) = doctor(&server.url());
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        verdict(&text, "innodb_flush_log_at_trx_commit").contains("FAIL"),
+        "{text}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (code, text) = doctor(&sqlite_url(&dir));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(verdict(&text, "file").contains("PASS"), "{text}");
+    assert!(verdict(&text, "space").contains("PASS"), "{text}");
+    assert!(verdict(&text, "journal").contains("PASS"), "{text}");
+    let (code, text) = doctor("memory://doctor");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(verdict(&text, "scope").contains("WARN"), "{text}");
+}

@@ -197,6 +197,29 @@ impl Client {
         self.inner.read(|b| b.status(&name)).await
     }
 
+    /// Checks the settings of the server (or, for SQLite, the host) that
+    /// fenced's guarantees rest on: persistence and eviction on Redis,
+    /// commit durability on PostgreSQL and MariaDB, the file system under
+    /// SQLite's file, the size of an etcd or ZooKeeper ensemble, and the
+    /// clock's offset; one [`Check`](crate::Check) each, with a
+    /// [`Verdict`](crate::Verdict). `fenced doctor` prints them and fails
+    /// on a [`Verdict::Fail`](crate::Verdict::Fail).
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let client = fenced::Client::connect("memory://").await?;
+    /// for c in client.doctor().await? {
+    ///     println!("{} {}: {}", c.verdict, c.name, c.detail);
+    /// }
+    /// # Ok::<_, fenced::Error>(()) }).unwrap();
+    /// ```
+    pub async fn doctor(&self) -> Result<Vec<crate::Check>> {
+        let b = &self.inner.backend;
+        // A handful of reads, each bounded by the backend.
+        let limit = b.request_timeout() * 3;
+        crate::core::acquire::bounded(limit, b.scheme(), b.doctor()).await
+    }
+
     /// Gives back every lock this client holds and lets go of the
     /// backend's connections. Guards still alive are told first: their
     /// lost signal fires with [`LostReason::Closed`](crate::LostReason),

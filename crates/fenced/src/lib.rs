@@ -88,6 +88,7 @@
 mod backend;
 mod client;
 pub(crate) mod core;
+mod doctor;
 mod election;
 mod error;
 mod fence;
@@ -131,6 +132,7 @@ pub use crate::backend::table::{BackendInfo, Capabilities, backend_for_scheme, b
 pub use crate::client::{BACKEND_ENV, Client};
 pub use crate::core::hold::LostReason;
 pub use crate::core::retry::{MAX_RETRY_PAUSE, MIN_RETRY_PAUSE, RetryPolicy};
+pub use crate::doctor::{Check, Verdict};
 pub use crate::election::{Election, Leader, Leadership};
 pub use crate::error::{Error, ErrorKind, Result};
 pub use crate::fence::FencedRegister;

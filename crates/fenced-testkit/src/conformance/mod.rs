@@ -1133,14 +1133,16 @@ pub async fn bad_input_is_refused(fx: &Fixture) {
     assert!(c.status(&name).await.unwrap().is_free());
 }
 
-/// 8 `fenced run` processes increment a counter file 200 times each
-/// under one lock: the total is exact.
+/// 8 `fenced run` processes increment a counter file 120 times each
+/// under one lock (`FENCED_TEST_PROCESS_ROUNDS` for more): the total is
+/// exact. Each round is a whole process, so the rounds cost CI minutes;
+/// the torture suite covers contention in depth.
 pub async fn processes_exclude_each_other(fx: &Fixture) {
     const PROCS: usize = 8;
     let rounds: usize = std::env::var("FENCED_TEST_PROCESS_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
+        .unwrap_or(120);
     let bin = fx
         .fenced_bin
         .clone()

@@ -250,6 +250,17 @@ impl MemoryBackend {
 }
 
 impl LockBackend for MemoryBackend {
+    fn doctor(&self) -> Reply<'_, Vec<crate::doctor::Check>> {
+        Box::pin(async {
+            Ok(vec![crate::doctor::Check::new(
+                "scope",
+                crate::doctor::Verdict::Warn,
+                "memory:// lives in this process: other processes, and other hosts, see none \
+                 of its locks",
+            )])
+        })
+    }
+
     fn scheme(&self) -> &'static str {
         "memory"
     }

@@ -695,7 +695,7 @@ async fn contend(
 
 /// Seeds from `FENCED_SIM_BASE` (0 by default) on, as many as
 /// `FENCED_SIM_SEEDS` says (2,000 by default) or as fit in
-/// `FENCED_SIM_SECS` of wall time (80 by default).
+/// `FENCED_SIM_SECS` of wall time (60 by default).
 fn env_u64(key: &str, default: u64) -> u64 {
     std::env::var(key)
         .ok()
@@ -707,7 +707,7 @@ fn env_u64(key: &str, default: u64) -> u64 {
 fn seeds() {
     let base = env_u64("FENCED_SIM_BASE", 0);
     let count = env_u64("FENCED_SIM_SEEDS", 2_000);
-    let budget = Duration::from_secs(env_u64("FENCED_SIM_SECS", 80));
+    let budget = Duration::from_secs(env_u64("FENCED_SIM_SECS", 60));
     let began = std::time::Instant::now();
     let (mut ran, mut grants, mut lost) = (0u64, 0usize, 0usize);
     for seed in base..base.saturating_add(count) {

@@ -123,6 +123,12 @@ pub(crate) trait LockBackend: Send + Sync + 'static {
         None
     }
 
+    /// The settings of the server (or the host) the guarantees rest on
+    /// (see [`Client::doctor`](crate::Client::doctor)); none by default.
+    fn doctor(&self) -> Reply<'_, Vec<crate::doctor::Check>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
     /// Lets go of connections; called once by `Client::close`.
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})

@@ -177,12 +177,14 @@ mod tests {
         assert_eq!(gone.get(), 7);
     }
 
+    /// More waiters than one batch of `Notify::notify_waiters` (32), so
+    /// the order across batches is checked too.
     #[tokio::test(start_paused = true)]
     async fn waiters_wake_in_the_order_they_began_to_wait() {
         let w = Watch::new(0);
         let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
-        for i in 0..32 {
+        for i in 0..100 {
             let (mut rx, order) = (w.subscribe(), order.clone());
             tasks.push(tokio::spawn(async move {
                 rx.changed().await.expect("a change");
@@ -195,6 +197,6 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
-        assert_eq!(*order.lock().unwrap(), (0..32).collect::<Vec<_>>());
+        assert_eq!(*order.lock().unwrap(), (0..100).collect::<Vec<_>>());
     }
 }

@@ -1,4 +1,5 @@
-//! SQLite beyond the conformance suite: the lock file's disk full.
+//! SQLite beyond the conformance suite: the lock file's disk full, and
+//! the lock file kept small.
 
 #![cfg(feature = "sqlite")]
 
@@ -118,6 +119,55 @@ async fn a_full_disk_is_an_error_and_the_lock_file_recovers() {
         let s = a.status(n).await.unwrap();
         assert!(s.holders.is_empty(), "{n} is left held: {s:?}");
     }
+    a.close().await;
+    b.close().await;
+}
+
+/// The tokens of names free for a day are forgotten when a client opens
+/// the file (and now and then on release), so a lock per order does not
+/// grow the file for ever; a name held, or used lately, keeps its token,
+/// and a forgotten name's next token is still above its last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_of_names_long_free_are_forgotten_and_tokens_still_rise() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locks.db");
+    let url = format!("sqlite://{}", path.display());
+    let a = fenced::Client::connect(&url).await.unwrap();
+    let mut last = Vec::new();
+    for n in ["old-1", "old-2", "fresh"] {
+        let g = a.mutex(n).unwrap().acquire().await.unwrap();
+        last.push(g.fencing_token());
+        assert!(g.release().await.unwrap());
+    }
+    let held = a.mutex("held").unwrap().acquire().await.unwrap();
+    // As if their last grants were two days ago.
+    let mut db = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    let two_days_ago = (std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 86_400))
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    sqlx::query("UPDATE fenced_tokens SET token = ?1 WHERE name IN ('old-1', 'old-2', 'held')")
+        .bind(two_days_ago)
+        .execute(&mut db)
+        .await
+        .unwrap();
+    let b = fenced::Client::connect(&url).await.unwrap();
+    let kept: Vec<String> = sqlx::query_scalar("SELECT name FROM fenced_tokens ORDER BY name")
+        .fetch_all(&mut db)
+        .await
+        .unwrap();
+    assert_eq!(kept, ["fresh", "held"], "what the opening client kept");
+    let again = b.mutex("old-1").unwrap().acquire().await.unwrap();
+    assert!(
+        again.fencing_token() > last[0],
+        "{} after {}",
+        again.fencing_token(),
+        last[0]
+    );
+    assert!(again.release().await.unwrap());
+    assert!(held.release().await.unwrap());
+    db.close().await.unwrap();
     a.close().await;
     b.close().await;
 }

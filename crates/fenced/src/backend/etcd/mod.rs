@@ -242,3 +242,72 @@ impl EtcdBackend {
         Ok(Arc::new(EtcdBackend { inner, keeper }))
     }
 }
+
+impl EtcdBackend {
+    /// `fenced doctor` on etcd: the cluster's size and health, and the
+    /// session that keeps the holds.
+    pub(crate) async fn checks(&self) -> Result<Vec<crate::doctor::Check>> {
+        use crate::doctor::{Check, Verdict};
+        let inner = &self.inner;
+        let mut etcd = inner.etcd.clone();
+        let members = etcd
+            .member_list()
+            .await
+            .map_err(|e| session::map_err(&inner.label, e))?;
+        let voters = members.members().iter().filter(|m| !m.is_learner()).count();
+        let mut out = vec![match voters {
+            1 => Check::new(
+                "cluster",
+                Verdict::Warn,
+                "one member: no fault tolerance, and its loss stops every lock until it is \
+                 back; three or five members survive one or two",
+            ),
+            n if n % 2 == 0 => Check::new(
+                "cluster",
+                Verdict::Warn,
+                format!(
+                    "{n} voting members: an even count tolerates no more failures than {} \
+                     members do, and needs a larger quorum",
+                    n - 1
+                ),
+            ),
+            n => Check::new(
+                "cluster",
+                Verdict::Pass,
+                format!("{n} voting members: survives {} down", (n - 1) / 2),
+            ),
+        }];
+        let status = etcd
+            .status()
+            .await
+            .map_err(|e| session::map_err(&inner.label, e))?;
+        out.push(if status.leader() == 0 {
+            Check::new(
+                "leader",
+                Verdict::Fail,
+                "the member answering has no leader: no lock can be granted until one is elected",
+            )
+        } else {
+            Check::new(
+                "leader",
+                Verdict::Pass,
+                format!(
+                    "leader {:x}, raft term {}",
+                    status.leader(),
+                    status.raft_term()
+                ),
+            )
+        });
+        out.push(Check::new(
+            "session",
+            Verdict::Pass,
+            format!(
+                "holds live on a {} s lease, kept alive every {} s: a holder cut off is told \
+                 before the server can give its lock away",
+                inner.session.ttl,
+                (inner.session.ttl / 3).max(1)
+            ),
+        ));
+        Ok(out)
+    }
+}

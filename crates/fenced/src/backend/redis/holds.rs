@@ -7,6 +7,10 @@ impl LockBackend for RedisBackend {
         self.scheme
     }
 
+    fn doctor(&self) -> Reply<'_, Vec<crate::doctor::Check>> {
+        Box::pin(self.checks())
+    }
+
     fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         Box::pin(self.attempt_inner(req))
     }

@@ -51,6 +51,7 @@ use std::time::Duration;
 use subscribe::Subscriber;
 
 mod attempt;
+mod doctor;
 mod holds;
 mod store;
 

@@ -221,6 +221,21 @@ impl RedLockBackend {
 }
 
 impl LockBackend for RedLockBackend {
+    fn doctor(&self) -> Reply<'_, Vec<crate::doctor::Check>> {
+        Box::pin(async move {
+            // Each master on its own: RedLock's safety assumes every one
+            // keeps its keys and its counter through a restart.
+            let mut out = Vec::new();
+            for (i, node) in self.nodes.iter().enumerate() {
+                for mut c in node.checks().await? {
+                    c.name = format!("master {}: {}", i + 1, c.name);
+                    out.push(c);
+                }
+            }
+            Ok(out)
+        })
+    }
+
     fn scheme(&self) -> &'static str {
         "redlock"
     }

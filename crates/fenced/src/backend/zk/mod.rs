@@ -330,6 +330,57 @@ fn redact_digest(url: &str) -> String {
     format!("{}***{}", &url[..user_end], &url[value_end..])
 }
 
+impl ZkBackend {
+    /// `fenced doctor` on ZooKeeper: the ensemble's size, and the session
+    /// the server granted against the one asked for.
+    pub(crate) async fn checks(&self) -> Result<Vec<crate::doctor::Check>> {
+        use crate::doctor::{Check, Verdict};
+        let inner = &self.inner;
+        let hosts = inner
+            .connect
+            .split('/')
+            .next()
+            .unwrap_or("")
+            .split(',')
+            .count();
+        let mut out = vec![if hosts < 3 {
+            Check::new(
+                "ensemble",
+                Verdict::Warn,
+                format!(
+                    "{hosts} server(s) named: with fewer than three, the loss of one stops every \
+                     lock until it is back"
+                ),
+            )
+        } else {
+            Check::new("ensemble", Verdict::Pass, format!("{hosts} servers named"))
+        }];
+        let granted = unpoisoned(&inner.zk).0.session_timeout();
+        out.push(if granted == inner.session_timeout {
+            Check::new(
+                "session",
+                Verdict::Pass,
+                format!(
+                    "{granted:?} as asked: a holder cut off is told before the server can give \
+                     its lock away"
+                ),
+            )
+        } else {
+            Check::new(
+                "session",
+                Verdict::Warn,
+                format!(
+                    "asked for {:?}, the server granted {granted:?} (its minSessionTimeout and \
+                     maxSessionTimeout bound it, from 2 to 20 ticks by default): a dead \
+                     holder's lock is freed after that long",
+                    inner.session_timeout
+                ),
+            )
+        });
+        Ok(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

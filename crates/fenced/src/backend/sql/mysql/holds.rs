@@ -3,6 +3,10 @@
 use super::*;
 
 impl LockBackend for MySqlBackend {
+    fn doctor(&self) -> Reply<'_, Vec<crate::doctor::Check>> {
+        Box::pin(self.checks())
+    }
+
     fn scheme(&self) -> &'static str {
         "mysql"
     }

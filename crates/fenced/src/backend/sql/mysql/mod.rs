@@ -325,3 +325,46 @@ fn db(label: &str, e: sqlx::Error) -> Error {
         },
     }
 }
+
+impl MySqlBackend {
+    /// `fenced doctor` on MariaDB and MySQL: redo-log durability and the
+    /// clock.
+    pub(crate) async fn checks(&self) -> Result<Vec<crate::doctor::Check>> {
+        use crate::doctor::{Check, Verdict, clock_offset};
+        let e = |e: sqlx::Error| Error::unavailable(format!("{}: {e}", self.label)).with_source(e);
+        let mut out = Vec::new();
+        let flush: i64 =
+            sqlx::query_scalar("SELECT CAST(@@innodb_flush_log_at_trx_commit AS SIGNED)")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(e)?;
+        out.push(match flush {
+            1 | 3 => Check::new(
+                "innodb_flush_log_at_trx_commit",
+                Verdict::Pass,
+                format!("{flush}: a grant is on disk before it is answered"),
+            ),
+            2 => Check::new(
+                "innodb_flush_log_at_trx_commit",
+                Verdict::Warn,
+                "2: the redo log reaches the kernel at each commit and the disk once a \
+                 second, so a crash of the host (not of the server alone) can forget up to a \
+                 second of grants and let a second holder in",
+            ),
+            n => Check::new(
+                "innodb_flush_log_at_trx_commit",
+                Verdict::Fail,
+                format!(
+                    "{n}: the redo log is written once a second, so a server crash can forget \
+                     up to a second of grants and let a second holder in; set it to 1"
+                ),
+            ),
+        });
+        let now: f64 = sqlx::query_scalar("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) AS DOUBLE)")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(e)?;
+        out.push(clock_offset((now * 1e6) as i64));
+        Ok(out)
+    }
+}

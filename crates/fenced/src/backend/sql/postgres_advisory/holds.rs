@@ -3,6 +3,10 @@
 use super::*;
 
 impl LockBackend for PgAdvisory {
+    fn doctor(&self) -> Reply<'_, Vec<crate::doctor::Check>> {
+        Box::pin(self.table.checks())
+    }
+
     /// Holds live on the session, not on a lease the server counts: the
     /// core ends one whose lease runs out unrenewed.
     fn ends_holds(&self) -> bool {

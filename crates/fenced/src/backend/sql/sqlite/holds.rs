@@ -7,6 +7,10 @@ impl LockBackend for SqliteBackend {
         "sqlite"
     }
 
+    fn doctor(&self) -> Reply<'_, Vec<crate::doctor::Check>> {
+        Box::pin(self.checks())
+    }
+
     fn attempt<'a>(&'a self, req: &'a Attempt) -> Reply<'a, Outcome> {
         Box::pin(async move {
             let (outcome, changed) = self.attempt_tx(req).await?;
@@ -53,6 +57,11 @@ impl LockBackend for SqliteBackend {
             let Some(row) = row else { return Ok(false) };
             let expires: i64 = row.try_get(0).map_err(db)?;
             self.wake_waiters(hold.name.as_str()).await;
+            // Now and then, for a client that stays open for weeks: the
+            // names it no longer uses are forgotten as it goes.
+            if fastrand::u8(..) == 0 {
+                let _ = super::forget_old_tokens(&self.pool, 256).await;
+            }
             Ok(expires > now_ms())
         })
     }

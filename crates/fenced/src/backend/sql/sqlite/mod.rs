@@ -93,6 +93,11 @@ impl SqliteBackend {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
+            // The WAL kept small: checkpointed every 256 pages (1 MB, not
+            // SQLite's 4 MB) and cut back to 1 MB after, since the host's
+            // lock directory is a 5 MB tmpfs on Debian and Ubuntu.
+            .pragma("wal_autocheckpoint", "256")
+            .pragma("journal_size_limit", "1048576")
             // No longer than a request may take: a writer that holds the
             // file longer makes the attempt fail (and retry while the
             // caller's deadline allows) rather than wait on.
@@ -239,6 +244,8 @@ async fn open_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error
         .connect_with(opts)
         .await?;
     sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+    // Best effort: a file another process holds busy is pruned next time.
+    let _ = forget_old_tokens(&pool, 10_000).await;
     Ok(pool)
 }
 
@@ -266,6 +273,24 @@ fn q(
 
 /// Maps a driver error: a busy or locked database and I/O trouble are
 /// transient; a row that does not decode is a protocol error.
+/// How long a free name's last token is kept: a day (see
+/// [`FORGET_OLD_TOKENS`](queries::FORGET_OLD_TOKENS)).
+const TOKEN_MEMORY: Duration = Duration::from_secs(24 * 3600);
+
+/// Forgets up to `most` tokens of names free for [`TOKEN_MEMORY`].
+async fn forget_old_tokens(pool: &SqlitePool, most: i64) -> Result<(), sqlx::Error> {
+    let cutoff = SystemTime::now()
+        .checked_sub(TOKEN_MEMORY)
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_micros() as i64);
+    sqlx::query(queries::FORGET_OLD_TOKENS)
+        .bind(cutoff)
+        .bind(most)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 fn db(e: sqlx::Error) -> Error {
     match e {
         sqlx::Error::ColumnDecode { .. }
@@ -273,6 +298,18 @@ fn db(e: sqlx::Error) -> Error {
         | sqlx::Error::ColumnNotFound(_)
         | sqlx::Error::TypeNotFound { .. } => {
             Error::protocol(format!("unexpected data in the SQLite lock file: {e}")).with_source(e)
+        }
+        // SQLITE_FULL: say where the space ran out.
+        _ if e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .is_some_and(|c| c == "13") =>
+        {
+            Error::unavailable(format!(
+                "SQLite: {e}: the lock file's file system has no space left (the host's \
+                 lock directory, /run/lock, is a small tmpfs on many systems)"
+            ))
+            .with_source(e)
         }
         _ => Error::unavailable(format!("SQLite: {e}")).with_source(e),
     }
@@ -390,4 +427,127 @@ mod wake {
             let _ = std::fs::remove_file(&self.addr);
         }
     }
+}
+
+impl SqliteBackend {
+    /// `fenced doctor` on SQLite: the file system under the lock file,
+    /// its free space, the journal, and whose clock the leases follow.
+    pub(crate) async fn checks(&self) -> Result<Vec<crate::doctor::Check>> {
+        use crate::doctor::{Check, Verdict};
+        let mut out = Vec::new();
+        out.push(match mount_type(&self.path) {
+            Some(t) if is_network_fs(&t) => Check::new(
+                "file system",
+                Verdict::Fail,
+                format!(
+                    "{} is on {t}, a network file system: SQLite's file locks do not hold \
+                     across hosts there, and not always on one; put the lock file on a local \
+                     disk, or use a server backend",
+                    self.path.display()
+                ),
+            ),
+            Some(t) => Check::new(
+                "file system",
+                Verdict::Pass,
+                format!("{} is on {t}, local to this host", self.path.display()),
+            ),
+            None => Check::new(
+                "file system",
+                Verdict::Unknown,
+                "the file system's type is not known here (no /proc/self/mounts)",
+            ),
+        });
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        out.push(match nix::sys::statvfs::statvfs(dir) {
+            // The counts are u32 on some systems (macOS), u64 on Linux.
+            #[allow(clippy::unnecessary_cast)]
+            Ok(v) => {
+                let unit = v.fragment_size() as u64;
+                let free = v.blocks_available() as u64 * unit;
+                let size = v.blocks() as u64 * unit;
+                let mb = |b: u64| b as f64 / 1_048_576.0;
+                let said = format!("{:.1} MB free of {:.1} MB", mb(free), mb(size));
+                if free < 1 << 20 {
+                    Check::new(
+                        "space",
+                        Verdict::Fail,
+                        format!("{said}: writes to the lock file will fail for want of space"),
+                    )
+                } else if free < 4 << 20 {
+                    Check::new(
+                        "space",
+                        Verdict::Warn,
+                        format!("{said}: the lock file's log alone may take 1 MB"),
+                    )
+                } else {
+                    Check::new("space", Verdict::Pass, said)
+                }
+            }
+            Err(e) => Check::new(
+                "space",
+                Verdict::Unknown,
+                format!("statvfs({}): {e}", dir.display()),
+            ),
+        });
+        let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db)?;
+        out.push(if journal.eq_ignore_ascii_case("wal") {
+            Check::new("journal", Verdict::Pass, "write-ahead log")
+        } else {
+            Check::new(
+                "journal",
+                Verdict::Warn,
+                format!(
+                    "journal_mode {journal}: another program switched the file out of WAL, \
+                     so readers and writers block each other"
+                ),
+            )
+        });
+        out.push(Check::new(
+            "clock",
+            Verdict::Pass,
+            "leases end by this host's wall clock, shared by every process here: keep it \
+             slewed by NTP, not stepped (a step forward ends leases early)",
+        ));
+        Ok(out)
+    }
+}
+
+/// The type of the file system `path` is on, from the longest mount
+/// point above it in `/proc/self/mounts` (Linux).
+fn mount_type(path: &Path) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, at, kind) = (f.next()?, f.next()?, f.next()?);
+            // Spaces in mount points are written as \040.
+            let at = PathBuf::from(at.replace("\\040", " "));
+            path.starts_with(&at).then(|| (at, kind.to_owned()))
+        })
+        .max_by_key(|(at, _)| at.as_os_str().len())
+        .map(|(_, kind)| kind)
+}
+
+/// Whether a mount type is a network (or host-shared) file system, where
+/// POSIX locks are not to be trusted.
+fn is_network_fs(kind: &str) -> bool {
+    // nfs, nfs4, smb3 and the like by their prefix.
+    [
+        "nfs",
+        "cifs",
+        "smb",
+        "9p",
+        "ceph",
+        "glusterfs",
+        "afs",
+        "lustre",
+        "fuse.sshfs",
+    ]
+    .iter()
+    .any(|n| kind.starts_with(n))
 }

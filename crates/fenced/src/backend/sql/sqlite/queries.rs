@@ -81,3 +81,19 @@ pub(super) const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
     SET value = CAST(CAST(CAST(value AS INTEGER) - ?2 AS TEXT) AS BLOB)
     WHERE name = ?1 AND CAST(value AS INTEGER) >= ?2
     RETURNING CAST(value AS INTEGER) AS value";
+
+/// Forgets the last tokens of names nobody holds or waits for whose last
+/// grant is older than ?1 (µs since 1970), at most ?2 of them. Tokens on
+/// SQLite never fall below the host's wall clock in µs (`next_token`), so
+/// a forgotten name's next token is still above its last one unless the
+/// clock steps back further than ?1 is old. Without this, a name used once
+/// (a lock per order) kept its row for ever, and the host's lock file,
+/// in a 5 MB tmpfs on Debian and Ubuntu, filled up.
+pub(super) const FORGET_OLD_TOKENS: &str = "
+DELETE FROM fenced_tokens WHERE name IN (
+    SELECT t.name FROM fenced_tokens t
+    WHERE t.token < ?1
+      AND NOT EXISTS (SELECT 1 FROM fenced_holds h WHERE h.name = t.name)
+      AND NOT EXISTS (SELECT 1 FROM fenced_waiters w WHERE w.name = t.name)
+    LIMIT ?2
+)";
