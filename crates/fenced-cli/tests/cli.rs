@@ -638,7 +638,7 @@ fn doctor(url: &str) -> (Option<i32>, String) {
     (out.status.code(), text)
 }
 
-/// The line of check `name`, which must be there.
+/// The line of check `name` (its first word), which must be there.
 fn verdict<'a>(text: &'a str, name: &str) -> &'a str {
     text.lines()
         .find(|l| l.split_whitespace().nth(1) == Some(name))
@@ -655,6 +655,19 @@ fn doctor_fails_a_redis_that_forgets_its_locks_in_a_restart() {
     assert_eq!(code, Some(1), "{text}");
     assert!(verdict(&text, "persistence").contains("FAIL"), "{text}");
     assert!(verdict(&text, "eviction").contains("PASS"), "{text}");
+    assert!(verdict(&text, "clock").contains("PASS"), "{text}");
+    // Debian's redis.conf: snapshots only. A warning, not a failure.
+    let snapshots = RedisServer::start_with(&["--save", "3600 1 300 100 60 10000"]);
+    let (code, text) = doctor(&snapshots.url());
+    assert_eq!(code, Some(0), "{text}");
+    assert!(verdict(&text, "persistence").contains("WARN"), "{text}");
+    // A managed Redis that hides CONFIG: what cannot be read is unknown,
+    // and the rest is still checked.
+    let hidden = RedisServer::start_with(&["--rename-command", "CONFIG", ""]);
+    let (code, text) = doctor(&hidden.url());
+    assert_eq!(code, Some(0), "{text}");
+    assert!(verdict(&text, "persistence").contains("UNKNOWN"), "{text}");
+    assert!(verdict(&text, "eviction").contains("UNKNOWN"), "{text}");
     assert!(verdict(&text, "clock").contains("PASS"), "{text}");
     let aof = RedisServer::start_with(&["--appendonly", "yes"]);
     let (code, text) = doctor(&aof.url());
@@ -719,10 +732,51 @@ fn doctor_reads_mariadb_durability_and_the_sqlite_file_system() {
     let dir = tempfile::tempdir().unwrap();
     let (code, text) = doctor(&sqlite_url(&dir));
     assert_eq!(code, Some(0), "{text}");
-    assert!(verdict(&text, "file").contains("PASS"), "{text}");
+    assert!(verdict(&text, "file").contains("PASS"), "{text}"); // "file system"
     assert!(verdict(&text, "space").contains("PASS"), "{text}");
     assert!(verdict(&text, "journal").contains("PASS"), "{text}");
     let (code, text) = doctor("memory://doctor");
     assert_eq!(code, Some(0), "{text}");
     assert!(verdict(&text, "scope").contains("WARN"), "{text}");
+}
+
+/// SQLite forgets the last token of a name free for a day, and keeps the
+/// highest token it forgot as a floor: granted under a clock three days
+/// back, forgotten by a client of today, granted again under a clock four
+/// days back, the name still gets a higher token (the wall clock alone,
+/// which tokens never fall below, would have given a lower one).
+#[test]
+fn tokens_still_rise_when_a_forgotten_name_meets_a_clock_stepped_back() {
+    let lib = [
+        "/usr/lib/x86_64-linux-gnu/faketime",
+        "/usr/lib/aarch64-linux-gnu/faketime",
+        "/usr/lib/faketime",
+    ]
+    .iter()
+    .map(|d| std::path::Path::new(d).join("libfaketime.so.1"))
+    .find(|p| p.is_file())
+    .expect("libfaketime (Debian's faketime package)");
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let token_at = |offset: &str| -> u64 {
+        let out = Command::new(env!("CARGO_BIN_EXE_fenced"))
+            .env("LD_PRELOAD", &lib)
+            .env("FAKETIME", offset)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .args(["--backend", &url, "run", "old", "--", "sh", "-c"])
+            .arg("echo $FENCED_TOKEN")
+            .output()
+            .expect("run fenced");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    };
+    let first = token_at("-3d");
+    let status = fenced(&url, &["status", "old", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        v["last_token"], 0,
+        "forgotten when a client opened the file: {v}"
+    );
+    let second = token_at("-4d");
+    assert!(second > first, "{second} after {first}");
 }

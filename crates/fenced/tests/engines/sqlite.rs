@@ -126,7 +126,10 @@ async fn a_full_disk_is_an_error_and_the_lock_file_recovers() {
 /// The tokens of names free for a day are forgotten when a client opens
 /// the file (and now and then on release), so a lock per order does not
 /// grow the file for ever; a name held, or used lately, keeps its token,
-/// and a forgotten name's next token is still above its last.
+/// the highest forgotten is kept as a floor, and a forgotten name's next
+/// token is still above its last (`fenced-cli`'s
+/// `tokens_still_rise_when_a_forgotten_name_meets_a_clock_stepped_back`
+/// steps the clock back too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_of_names_long_free_are_forgotten_and_tokens_still_rise() {
     use sqlx::Connection;
@@ -157,7 +160,13 @@ async fn tokens_of_names_long_free_are_forgotten_and_tokens_still_rise() {
         .fetch_all(&mut db)
         .await
         .unwrap();
-    assert_eq!(kept, ["fresh", "held"], "what the opening client kept");
+    // The row '' is the floor: the highest token forgotten.
+    assert_eq!(kept, ["", "fresh", "held"], "what the opening client kept");
+    let floor: i64 = sqlx::query_scalar("SELECT token FROM fenced_tokens WHERE name = ''")
+        .fetch_one(&mut db)
+        .await
+        .unwrap();
+    assert_eq!(floor, two_days_ago);
     let again = b.mutex("old-1").unwrap().acquire().await.unwrap();
     assert!(
         again.fencing_token() > last[0],

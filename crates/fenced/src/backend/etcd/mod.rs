@@ -250,19 +250,20 @@ impl EtcdBackend {
         use crate::doctor::{Check, Verdict};
         let inner = &self.inner;
         let mut etcd = inner.etcd.clone();
-        let members = etcd
+        let voters = etcd
             .member_list()
             .await
-            .map_err(|e| session::map_err(&inner.label, e))?;
-        let voters = members.members().iter().filter(|m| !m.is_learner()).count();
+            .map(|m| m.members().iter().filter(|m| !m.is_learner()).count());
         let mut out = vec![match voters {
-            1 => Check::new(
+            Err(e) => Check::new("cluster", Verdict::Unknown, format!("member list: {e}")),
+            Ok(0) => Check::new("cluster", Verdict::Unknown, "no voting member listed"),
+            Ok(1) => Check::new(
                 "cluster",
                 Verdict::Warn,
                 "one member: no fault tolerance, and its loss stops every lock until it is \
                  back; three or five members survive one or two",
             ),
-            n if n % 2 == 0 => Check::new(
+            Ok(n) if n % 2 == 0 => Check::new(
                 "cluster",
                 Verdict::Warn,
                 format!(
@@ -271,32 +272,24 @@ impl EtcdBackend {
                     n - 1
                 ),
             ),
-            n => Check::new(
+            Ok(n) => Check::new(
                 "cluster",
                 Verdict::Pass,
                 format!("{n} voting members: survives {} down", (n - 1) / 2),
             ),
         }];
-        let status = etcd
-            .status()
-            .await
-            .map_err(|e| session::map_err(&inner.label, e))?;
-        out.push(if status.leader() == 0 {
-            Check::new(
+        out.push(match etcd.status().await {
+            Err(e) => Check::new("leader", Verdict::Unknown, format!("status: {e}")),
+            Ok(st) if st.leader() == 0 => Check::new(
                 "leader",
                 Verdict::Fail,
                 "the member answering has no leader: no lock can be granted until one is elected",
-            )
-        } else {
-            Check::new(
+            ),
+            Ok(st) => Check::new(
                 "leader",
                 Verdict::Pass,
-                format!(
-                    "leader {:x}, raft term {}",
-                    status.leader(),
-                    status.raft_term()
-                ),
-            )
+                format!("leader {:x}, raft term {}", st.leader(), st.raft_term()),
+            ),
         });
         out.push(Check::new(
             "session",

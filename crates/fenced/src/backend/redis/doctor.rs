@@ -4,9 +4,9 @@ use super::*;
 use crate::doctor::{Check, Verdict, clock_offset};
 
 impl RedisBackend {
-    /// One `CONFIG GET` value; `None` where CONFIG is refused (managed
-    /// Redis often renames or disables it).
-    async fn config(&self, key: &'static str) -> Option<String> {
+    /// One `CONFIG GET` value, or why it could not be read (managed Redis
+    /// often renames or disables CONFIG).
+    async fn config(&self, key: &'static str) -> std::result::Result<String, String> {
         self.node
             .run(move |mut c| async move {
                 redis::cmd("CONFIG")
@@ -16,17 +16,23 @@ impl RedisBackend {
                     .await
             })
             .await
-            .ok()
-            .and_then(|v| v.into_iter().nth(1))
+            .map_err(|e| format!("CONFIG GET {key}: {e}"))?
+            .into_iter()
+            .nth(1)
+            .ok_or_else(|| format!("CONFIG GET {key}: no such setting"))
     }
 
+    /// The checks of this server; what cannot be read is `Unknown`, with
+    /// why, so one refused command does not hide the rest.
     pub(super) async fn checks(&self) -> Result<Vec<Check>> {
         let mut out = Vec::new();
         let (aof, save, fsync) = (
             self.config("appendonly").await,
             self.config("save").await,
-            self.config("appendfsync").await,
+            self.config("appendfsync").await.ok(),
         );
+        let unread = aof.as_ref().err().or(save.as_ref().err()).cloned();
+        let (aof, save) = (aof.ok(), save.ok());
         out.push(match (aof.as_deref(), save.as_deref()) {
             (Some("yes"), _) if fsync.as_deref() == Some("no") => Check::new(
                 "persistence",
@@ -61,14 +67,18 @@ impl RedisBackend {
             _ => Check::new(
                 "persistence",
                 Verdict::Unknown,
-                "CONFIG GET is refused here (a managed Redis?): ask whether a restart keeps keys",
+                format!(
+                    "{}: ask whether a restart keeps keys (it must, or a second holder can \
+                     get in)",
+                    unread.unwrap_or_default()
+                ),
             ),
         });
-        let limit = self
-            .config("maxmemory")
-            .await
-            .and_then(|m| m.parse::<u64>().ok());
+        let limit = self.config("maxmemory").await;
         let policy = self.config("maxmemory-policy").await;
+        let unread = limit.as_ref().err().or(policy.as_ref().err()).cloned();
+        let limit = limit.ok().and_then(|m| m.parse::<u64>().ok());
+        let policy = policy.ok();
         out.push(match (limit, policy.as_deref()) {
             (_, Some("noeviction")) => Check::new(
                 "eviction",
@@ -94,28 +104,44 @@ impl RedisBackend {
             _ => Check::new(
                 "eviction",
                 Verdict::Unknown,
-                "CONFIG GET is refused here: ask whether keys may be evicted (they must not be)",
+                format!(
+                    "{}: ask whether keys may be evicted (they must not be)",
+                    unread.unwrap_or_default()
+                ),
             ),
         });
+        // One reply on a single server; on a Cluster, one per primary
+        // (a map of node to reply): the fewest replicas count.
         let info = self
             .node
             .run(|mut c| async move {
                 redis::cmd("INFO")
                     .arg("replication")
-                    .query_async::<String>(&mut c)
+                    .query_async::<redis::Value>(&mut c)
                     .await
             })
             .await;
         out.push(match info {
             Ok(info) => {
-                let field = |k: &str| {
+                let mut texts = Vec::new();
+                collect_text(&info, &mut texts);
+                let field = |info: &str, k: &str| {
                     info.lines()
                         .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
                         .map(|v| v.trim().to_owned())
                 };
-                let role = field("role").unwrap_or_else(|| "?".into());
-                let replicas: u32 = field("connected_slaves")
-                    .and_then(|n| n.parse().ok())
+                let role = texts
+                    .first()
+                    .and_then(|t| field(t, "role"))
+                    .unwrap_or_else(|| "?".into());
+                let replicas: u32 = texts
+                    .iter()
+                    .map(|t| {
+                        field(t, "connected_slaves")
+                            .and_then(|n| n.parse().ok())
+                            .unwrap_or(0)
+                    })
+                    .min()
                     .unwrap_or(0);
                 let fails_over = !matches!(self.node.target, Target::Fixed(_));
                 if self.min_replicas > replicas {
@@ -158,8 +184,24 @@ impl RedisBackend {
         let time = self
             .node
             .run(|mut c| async move { redis::cmd("TIME").query_async::<(i64, i64)>(&mut c).await })
-            .await?;
-        out.push(clock_offset(time.0 * 1_000_000 + time.1));
+            .await;
+        out.push(match time {
+            Ok((s, us)) => clock_offset(s * 1_000_000 + us),
+            Err(e) => Check::new("clock", Verdict::Unknown, format!("TIME: {e}")),
+        });
         Ok(out)
+    }
+}
+
+/// The text replies in `v`: itself, or each value of a map (a Cluster's
+/// reply per node).
+fn collect_text(v: &redis::Value, out: &mut Vec<String>) {
+    match v {
+        redis::Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) => out.push(s.clone()),
+        redis::Value::VerbatimString { text, .. } => out.push(text.clone()),
+        redis::Value::Map(kv) => kv.iter().for_each(|(_, v)| collect_text(v, out)),
+        redis::Value::Array(vs) => vs.iter().for_each(|v| collect_text(v, out)),
+        _ => {}
     }
 }

@@ -225,11 +225,26 @@ impl LockBackend for RedLockBackend {
         Box::pin(async move {
             // Each master on its own: RedLock's safety assumes every one
             // keeps its keys and its counter through a restart.
+            // All at once, each within its own timeout: a master that is
+            // down is a finding, not the end of the report.
+            let per = join_all(
+                self.nodes
+                    .iter()
+                    .map(|n| tokio::time::timeout(self.node_timeout * 8, n.checks())),
+            )
+            .await;
             let mut out = Vec::new();
-            for (i, node) in self.nodes.iter().enumerate() {
-                for mut c in node.checks().await? {
-                    c.name = format!("master {}: {}", i + 1, c.name);
-                    out.push(c);
+            let down = per.iter().filter(|r| !matches!(r, Ok(Ok(_)))).count();
+            for (i, r) in per.into_iter().enumerate() {
+                match r {
+                    Ok(Ok(checks)) => {
+                        for mut c in checks {
+                            c.name = format!("master {}: {}", i + 1, c.name);
+                            out.push(c);
+                        }
+                    }
+                    Ok(Err(e)) => out.push(unreachable(i, &e.to_string(), down, self.nodes.len())),
+                    Err(_) => out.push(unreachable(i, "no answer in time", down, self.nodes.len())),
                 }
             }
             Ok(out)
@@ -375,6 +390,22 @@ impl Store for RedLockBackend {
 }
 
 impl Backend for RedLockBackend {}
+
+/// The check of a master that could not be read: a warning while a
+/// majority answers (RedLock goes on without it), a failure once not.
+fn unreachable(i: usize, why: &str, down: usize, n: usize) -> crate::doctor::Check {
+    use crate::doctor::{Check, Verdict};
+    let verdict = if n - down > n / 2 {
+        Verdict::Warn
+    } else {
+        Verdict::Fail
+    };
+    Check::new(
+        &format!("master {}: reachable", i + 1),
+        verdict,
+        format!("{why} ({down} of {n} masters unreadable; a majority must answer to grant)"),
+    )
+}
 
 #[cfg(test)]
 mod tests {

@@ -343,17 +343,29 @@ impl ZkBackend {
             .unwrap_or("")
             .split(',')
             .count();
-        let mut out = vec![if hosts < 3 {
-            Check::new(
+        // Counted from the URL: one address may front a whole ensemble
+        // (a load balancer, a DNS name), which the client cannot tell.
+        let mut out = vec![match hosts {
+            1 => Check::new(
+                "ensemble",
+                Verdict::Warn,
+                "one address in the URL: unless it fronts an ensemble, the loss of that \
+                 server stops every lock until it is back; name three or five",
+            ),
+            n if n % 2 == 0 => Check::new(
                 "ensemble",
                 Verdict::Warn,
                 format!(
-                    "{hosts} server(s) named: with fewer than three, the loss of one stops every \
-                     lock until it is back"
+                    "{n} addresses: an even ensemble tolerates no more failures than {} \
+                     servers do",
+                    n - 1
                 ),
-            )
-        } else {
-            Check::new("ensemble", Verdict::Pass, format!("{hosts} servers named"))
+            ),
+            n => Check::new(
+                "ensemble",
+                Verdict::Pass,
+                format!("{n} addresses: survives {} down", (n - 1) / 2),
+            ),
         }];
         let granted = unpoisoned(&inner.zk).0.session_timeout();
         out.push(if granted == inner.session_timeout {

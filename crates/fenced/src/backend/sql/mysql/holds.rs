@@ -4,7 +4,7 @@ use super::*;
 
 impl LockBackend for MySqlBackend {
     fn doctor(&self) -> Reply<'_, Vec<crate::doctor::Check>> {
-        Box::pin(self.checks())
+        Box::pin(self.checks(false))
     }
 
     fn scheme(&self) -> &'static str {

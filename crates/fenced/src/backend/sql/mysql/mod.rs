@@ -328,43 +328,68 @@ fn db(label: &str, e: sqlx::Error) -> Error {
 
 impl MySqlBackend {
     /// `fenced doctor` on MariaDB and MySQL: redo-log durability and the
-    /// clock.
-    pub(crate) async fn checks(&self) -> Result<Vec<crate::doctor::Check>> {
+    /// clock; with `advisory`, what bounds a `GET_LOCK` too. What cannot
+    /// be read is `Unknown`, with why.
+    pub(crate) async fn checks(&self, advisory: bool) -> Result<Vec<crate::doctor::Check>> {
         use crate::doctor::{Check, Verdict, clock_offset};
-        let e = |e: sqlx::Error| Error::unavailable(format!("{}: {e}", self.label)).with_source(e);
         let mut out = Vec::new();
-        let flush: i64 =
+        let flush: std::result::Result<i64, _> =
             sqlx::query_scalar("SELECT CAST(@@innodb_flush_log_at_trx_commit AS SIGNED)")
                 .fetch_one(&self.pool)
-                .await
-                .map_err(e)?;
+                .await;
+        let name = "innodb_flush_log_at_trx_commit";
         out.push(match flush {
-            1 | 3 => Check::new(
-                "innodb_flush_log_at_trx_commit",
+            Ok(f @ (1 | 3)) => Check::new(
+                name,
                 Verdict::Pass,
-                format!("{flush}: a grant is on disk before it is answered"),
+                format!("{f}: a grant is on disk before it is answered"),
             ),
-            2 => Check::new(
-                "innodb_flush_log_at_trx_commit",
+            Ok(2) => Check::new(
+                name,
                 Verdict::Warn,
                 "2: the redo log reaches the kernel at each commit and the disk once a \
                  second, so a crash of the host (not of the server alone) can forget up to a \
                  second of grants and let a second holder in",
             ),
-            n => Check::new(
-                "innodb_flush_log_at_trx_commit",
+            Ok(n) => Check::new(
+                name,
                 Verdict::Fail,
                 format!(
                     "{n}: the redo log is written once a second, so a server crash can forget \
                      up to a second of grants and let a second holder in; set it to 1"
                 ),
             ),
+            Err(e) => Check::new(name, Verdict::Unknown, e.to_string()),
         });
-        let now: f64 = sqlx::query_scalar("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) AS DOUBLE)")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(e)?;
-        out.push(clock_offset((now * 1e6) as i64));
+        if advisory {
+            // GET_LOCK is local to one node of a Galera cluster: two
+            // clients on two nodes both get the lock.
+            let wsrep: std::result::Result<String, _> =
+                sqlx::query_scalar("SELECT CAST(@@wsrep_on AS CHAR)")
+                    .fetch_one(&self.pool)
+                    .await;
+            out.push(match wsrep {
+                Ok(on) if on == "1" || on.eq_ignore_ascii_case("on") => Check::new(
+                    "galera",
+                    Verdict::Fail,
+                    "wsrep_on: GET_LOCK is local to the node a client is connected to, so \
+                     clients of two nodes both get a lock; use the lease table (no \
+                     ?mode=advisory), which Galera replicates",
+                ),
+                Ok(_) => Check::new("galera", Verdict::Pass, "not a Galera node"),
+                // MySQL and a MariaDB built without wsrep have no such
+                // variable: no Galera.
+                Err(_) => Check::new("galera", Verdict::Pass, "no wsrep: not a Galera node"),
+            });
+        }
+        let now: std::result::Result<f64, _> =
+            sqlx::query_scalar("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) AS DOUBLE)")
+                .fetch_one(&self.pool)
+                .await;
+        out.push(match now {
+            Ok(now) => clock_offset((now * 1e6) as i64),
+            Err(e) => Check::new("clock", Verdict::Unknown, e.to_string()),
+        });
         Ok(out)
     }
 }

@@ -4,7 +4,7 @@ use super::*;
 
 impl LockBackend for MySqlAdvisory {
     fn doctor(&self) -> Reply<'_, Vec<crate::doctor::Check>> {
-        Box::pin(self.shared.table.checks())
+        Box::pin(self.shared.table.checks(true))
     }
 
     /// Holds live on the session, not on a lease the server counts: the

@@ -295,62 +295,62 @@ pub(crate) fn db(label: &str, e: sqlx::Error) -> Error {
 
 impl PgBackend {
     /// `fenced doctor` on PostgreSQL: commit durability and the clock.
+    /// What cannot be read (a managed server's restrictions) is
+    /// `Unknown`, with why.
     pub(crate) async fn checks(&self) -> Result<Vec<crate::doctor::Check>> {
         use crate::doctor::{Check, Verdict, clock_offset};
-        let e = |e: sqlx::Error| Error::unavailable(format!("{}: {e}", self.label)).with_source(e);
         let mut out = Vec::new();
         // fenced turns synchronous_commit on for its own sessions (see
         // DURABLE_COMMITS): what matters is that it took, and what the
         // server gives everyone else.
-        let (ours, default): (String, String) = sqlx::query_as(
+        let commit: std::result::Result<(String, String), _> = sqlx::query_as(
             "SELECT current_setting('synchronous_commit'), reset_val \
              FROM pg_settings WHERE name = 'synchronous_commit'",
         )
         .fetch_one(&self.pool)
-        .await
-        .map_err(e)?;
-        out.push(if ours == "off" {
-            Check::new(
+        .await;
+        out.push(match commit {
+            Ok((ours, _)) if ours == "off" => Check::new(
                 "synchronous_commit",
                 Verdict::Fail,
                 "off on fenced's own sessions: a commit is acknowledged before it is durable, \
                  so a server crash can forget a grant it answered and let a second holder in",
-            )
-        } else if default == "off" {
-            Check::new(
+            ),
+            Ok((ours, default)) if default == "off" => Check::new(
                 "synchronous_commit",
                 Verdict::Pass,
                 format!(
                     "off by default on this server, but fenced sets it to {ours} on its own \
                      sessions: grants are durable when answered (other writers here are not)"
                 ),
-            )
-        } else {
-            Check::new(
+            ),
+            Ok((ours, _)) => Check::new(
                 "synchronous_commit",
                 Verdict::Pass,
                 format!("{ours}: a grant is durable when answered"),
-            )
+            ),
+            Err(e) => Check::new("synchronous_commit", Verdict::Unknown, e.to_string()),
         });
-        let fsync: String = sqlx::query_scalar("SHOW fsync")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(e)?;
-        out.push(if fsync == "off" {
-            Check::new(
+        let fsync: std::result::Result<String, _> =
+            sqlx::query_scalar("SHOW fsync").fetch_one(&self.pool).await;
+        out.push(match fsync {
+            Ok(f) if f == "off" => Check::new(
                 "fsync",
                 Verdict::Fail,
                 "off: a crash of the host (not of PostgreSQL alone) can lose grants and \
                  corrupt the database; set it to on",
-            )
-        } else {
-            Check::new("fsync", Verdict::Pass, "on")
+            ),
+            Ok(f) => Check::new("fsync", Verdict::Pass, f),
+            Err(e) => Check::new("fsync", Verdict::Unknown, e.to_string()),
         });
-        let now: f64 = sqlx::query_scalar("SELECT extract(epoch FROM clock_timestamp())::float8")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(e)?;
-        out.push(clock_offset((now * 1e6) as i64));
+        let now: std::result::Result<f64, _> =
+            sqlx::query_scalar("SELECT extract(epoch FROM clock_timestamp())::float8")
+                .fetch_one(&self.pool)
+                .await;
+        out.push(match now {
+            Ok(now) => clock_offset((now * 1e6) as i64),
+            Err(e) => Check::new("clock", Verdict::Unknown, e.to_string()),
+        });
         Ok(out)
     }
 }

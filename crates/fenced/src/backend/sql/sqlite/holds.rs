@@ -49,6 +49,8 @@ impl LockBackend for SqliteBackend {
 
     fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool> {
         Box::pin(async move {
+            // Whether the release came in time is judged when it was sent.
+            let now = now_ms();
             let row = q(RELEASE)
                 .bind(&hold.hold_id)
                 .fetch_optional(&self.pool)
@@ -58,11 +60,15 @@ impl LockBackend for SqliteBackend {
             let expires: i64 = row.try_get(0).map_err(db)?;
             self.wake_waiters(hold.name.as_str()).await;
             // Now and then, for a client that stays open for weeks: the
-            // names it no longer uses are forgotten as it goes.
+            // names it no longer uses are forgotten as it goes, in the
+            // background (the file may be busy a while).
             if fastrand::u8(..) == 0 {
-                let _ = super::forget_old_tokens(&self.pool, 256).await;
+                let pool = self.pool.clone();
+                tokio::spawn(async move {
+                    let _ = super::forget_old_tokens(&pool, 256).await;
+                });
             }
-            Ok(expires > now_ms())
+            Ok(expires > now)
         })
     }
 
@@ -117,7 +123,7 @@ impl LockBackend for SqliteBackend {
                 .map_err(db)?
                 .try_get(0)
                 .map_err(db)?;
-            let last: Option<i64> = q(LAST_TOKEN)
+            let last: Option<i64> = q(NAME_TOKEN)
                 .bind(name.as_str())
                 .fetch_optional(&mut *c)
                 .await

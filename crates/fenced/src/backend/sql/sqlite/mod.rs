@@ -11,7 +11,8 @@
 //! hold, a read hold, or a semaphore's permits) with its owner
 //! `<client id>:<owner id>`, mode, token and expiry; `fenced_tokens` keeps
 //! the last fencing token of every name, after release too, so tokens only
-//! rise; `fenced_waiters` holds blocked acquirers (the FIFO queue in fair
+//! rise (a name free for a day is forgotten, and the row `''` keeps the
+//! highest token forgotten, which every grant exceeds); `fenced_waiters` holds blocked acquirers (the FIFO queue in fair
 //! mode, and where to wake them); `fenced_registers` holds fenced registers.
 //!
 //! Every grant is decided inside one `BEGIN IMMEDIATE` transaction (SQLite
@@ -277,20 +278,27 @@ fn q(
 /// [`FORGET_OLD_TOKENS`](queries::FORGET_OLD_TOKENS)).
 const TOKEN_MEMORY: Duration = Duration::from_secs(24 * 3600);
 
-/// Forgets up to `most` tokens of names free for [`TOKEN_MEMORY`].
+/// Forgets up to `most` tokens of names free for [`TOKEN_MEMORY`], the
+/// floor raised first in the same transaction.
 async fn forget_old_tokens(pool: &SqlitePool, most: i64) -> Result<(), sqlx::Error> {
     let cutoff = SystemTime::now()
         .checked_sub(TOKEN_MEMORY)
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_micros() as i64);
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    sqlx::query(queries::RAISE_FLOOR)
+        .bind(cutoff)
+        .execute(&mut *tx)
+        .await?;
     sqlx::query(queries::FORGET_OLD_TOKENS)
         .bind(cutoff)
         .bind(most)
-        .execute(pool)
+        .execute(&mut *tx)
         .await?;
-    Ok(())
+    tx.commit().await
 }
 
+/// Maps a database error to fenced's kinds.
 fn db(e: sqlx::Error) -> Error {
     match e {
         sqlx::Error::ColumnDecode { .. }
@@ -435,7 +443,31 @@ impl SqliteBackend {
     pub(crate) async fn checks(&self) -> Result<Vec<crate::doctor::Check>> {
         use crate::doctor::{Check, Verdict};
         let mut out = Vec::new();
-        out.push(match mount_type(&self.path) {
+        // The file system's calls may block (a hung network mount): off
+        // the runtime's threads.
+        let path = self.path.clone();
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        let (kind, space) = {
+            let dir = dir.clone();
+            tokio::task::spawn_blocking(move || {
+                (mount_type(&path), nix::sys::statvfs::statvfs(&dir))
+            })
+            .await
+            .map_err(|e| Error::unavailable(format!("the file system checks failed: {e}")))?
+        };
+        out.push(match kind {
+            Some(t) if (t.starts_with("fuse.") || t == "fuse") && !is_network_fs(&t) => Check::new(
+                "file system",
+                Verdict::Unknown,
+                format!(
+                    "{} is on {t}, a FUSE file system: SQLite's locks hold only if it keeps \
+                     POSIX locks faithfully, and only for processes of one host",
+                    self.path.display()
+                ),
+            ),
             Some(t) if is_network_fs(&t) => Check::new(
                 "file system",
                 Verdict::Fail,
@@ -457,8 +489,7 @@ impl SqliteBackend {
                 "the file system's type is not known here (no /proc/self/mounts)",
             ),
         });
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        out.push(match nix::sys::statvfs::statvfs(dir) {
+        out.push(match space {
             // The counts are u32 on some systems (macOS), u64 on Linux.
             #[allow(clippy::unnecessary_cast)]
             Ok(v) => {
@@ -509,7 +540,8 @@ impl SqliteBackend {
             "clock",
             Verdict::Pass,
             "leases end by this host's wall clock, shared by every process here: keep it \
-             slewed by NTP, not stepped (a step forward ends leases early)",
+             slewed by NTP, not stepped (a step forward ends leases early); tokens rise \
+             whatever it does",
         ));
         Ok(out)
     }
@@ -546,7 +578,15 @@ fn is_network_fs(kind: &str) -> bool {
         "glusterfs",
         "afs",
         "lustre",
+        "virtiofs",
+        "vboxsf",
+        "gpfs",
+        "beegfs",
+        "ocfs2",
+        "gfs2",
         "fuse.sshfs",
+        "fuse.glusterfs",
+        "fuse.ceph",
     ]
     .iter()
     .any(|n| kind.starts_with(n))

@@ -14,9 +14,10 @@ CREATE TABLE IF NOT EXISTS fenced_holds (
 );
 CREATE INDEX IF NOT EXISTS fenced_holds_name ON fenced_holds (name);
 CREATE TABLE IF NOT EXISTS fenced_tokens (
-    name  TEXT PRIMARY KEY,
+    name  TEXT PRIMARY KEY,        -- '': the floor of forgotten names
     token INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS fenced_tokens_token ON fenced_tokens (token);
 CREATE TABLE IF NOT EXISTS fenced_waiters (
     ticket     INTEGER PRIMARY KEY AUTOINCREMENT,
     name       TEXT NOT NULL,
@@ -42,7 +43,12 @@ pub(super) const MY_TICKET: &str =
     "SELECT ticket FROM fenced_waiters WHERE ticket = ?1 AND name = ?2";
 pub(super) const FAIR_AHEAD: &str =
     "SELECT EXISTS (SELECT 1 FROM fenced_waiters WHERE name = ?1 AND fair = 1 AND ticket < ?2)";
-pub(super) const LAST_TOKEN: &str = "SELECT token FROM fenced_tokens WHERE name = ?1";
+/// The token a grant of ?1 must exceed: its own last one, or the floor of
+/// forgotten names (see [`RAISE_FLOOR`]).
+pub(super) const LAST_TOKEN: &str =
+    "SELECT coalesce(max(token), 0) FROM fenced_tokens WHERE name IN (?1, '')";
+/// ?1's own last token, for `status` (0 once forgotten).
+pub(super) const NAME_TOKEN: &str = "SELECT token FROM fenced_tokens WHERE name = ?1";
 pub(super) const SET_TOKEN: &str = "INSERT INTO fenced_tokens (name, token) VALUES (?1, ?2)
     ON CONFLICT (name) DO UPDATE SET token = excluded.token";
 pub(super) const INSERT_HOLD: &str = "INSERT INTO fenced_holds
@@ -82,18 +88,36 @@ pub(super) const REGISTER_DECREMENT: &str = "UPDATE fenced_registers
     WHERE name = ?1 AND CAST(value AS INTEGER) >= ?2
     RETURNING CAST(value AS INTEGER) AS value";
 
-/// Forgets the last tokens of names nobody holds or waits for whose last
-/// grant is older than ?1 (µs since 1970), at most ?2 of them. Tokens on
-/// SQLite never fall below the host's wall clock in µs (`next_token`), so
-/// a forgotten name's next token is still above its last one unless the
-/// clock steps back further than ?1 is old. Without this, a name used once
-/// (a lock per order) kept its row for ever, and the host's lock file,
-/// in a 5 MB tmpfs on Debian and Ubuntu, filled up.
-pub(super) const FORGET_OLD_TOKENS: &str = "
-DELETE FROM fenced_tokens WHERE name IN (
-    SELECT t.name FROM fenced_tokens t
-    WHERE t.token < ?1
+/// The names whose last token may be forgotten: nobody holds or waits
+/// for them, and their last grant is older than ?1 (µs since 1970). Never
+/// the floor row, `''` (no lock name is empty). A macro, for `concat!`.
+macro_rules! forgettable {
+    () => {
+        "t.name <> '' AND t.token < ?1
       AND NOT EXISTS (SELECT 1 FROM fenced_holds h WHERE h.name = t.name)
-      AND NOT EXISTS (SELECT 1 FROM fenced_waiters w WHERE w.name = t.name)
-    LIMIT ?2
-)";
+      AND NOT EXISTS (SELECT 1 FROM fenced_waiters w WHERE w.name = t.name)"
+    };
+}
+
+/// Raises the floor (the row named `''`) to the highest token about to be
+/// forgotten. A forgotten name's next token is one more than the floor at
+/// least ([`LAST_TOKEN`]), so tokens still rise when the clock has stepped
+/// back (a board with no clock that boots in 1970, a restored snapshot),
+/// which `next_token`'s wall-clock floor alone would not survive.
+pub(super) const RAISE_FLOOR: &str = concat!(
+    "INSERT INTO fenced_tokens (name, token)
+    SELECT '', m FROM (SELECT max(t.token) AS m FROM fenced_tokens t WHERE ",
+    forgettable!(),
+    ") WHERE m IS NOT NULL
+    ON CONFLICT (name) DO UPDATE SET token = max(token, excluded.token)"
+);
+
+/// Forgets the last tokens of forgettable names, at most ?2 of them, after
+/// [`RAISE_FLOOR`] in the same transaction. Without this, a name used once
+/// (a lock per order) kept its row for ever, and the host's lock file, in
+/// a 5 MB tmpfs on Debian and Ubuntu, filled up.
+pub(super) const FORGET_OLD_TOKENS: &str = concat!(
+    "DELETE FROM fenced_tokens WHERE name IN (SELECT t.name FROM fenced_tokens t WHERE ",
+    forgettable!(),
+    " LIMIT ?2)"
+);
