@@ -753,15 +753,8 @@ pub(crate) async fn torture(
         tasks: Vec::new(),
     };
     if faults.contains(&Fault::Clock) {
-        let lib = [
-            "/usr/lib/x86_64-linux-gnu/faketime",
-            "/usr/lib/aarch64-linux-gnu/faketime",
-            "/usr/lib/faketime",
-        ]
-        .iter()
-        .map(|d| std::path::Path::new(d).join("libfaketime.so.1"))
-        .find(|p| p.is_file())
-        .context("the fault clock needs libfaketime: apt-get install faketime")?;
+        let lib = fenced_testkit::process::libfaketime()
+            .context("the fault clock needs libfaketime: apt-get install faketime")?;
         run.faketime = Some(lib);
     }
     let worker_url = |run: &mut Run| -> anyhow::Result<String> {

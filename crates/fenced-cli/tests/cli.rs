@@ -747,15 +747,8 @@ fn doctor_reads_mariadb_durability_and_the_sqlite_file_system() {
 /// which tokens never fall below, would have given a lower one).
 #[test]
 fn tokens_still_rise_when_a_forgotten_name_meets_a_clock_stepped_back() {
-    let lib = [
-        "/usr/lib/x86_64-linux-gnu/faketime",
-        "/usr/lib/aarch64-linux-gnu/faketime",
-        "/usr/lib/faketime",
-    ]
-    .iter()
-    .map(|d| std::path::Path::new(d).join("libfaketime.so.1"))
-    .find(|p| p.is_file())
-    .expect("libfaketime (Debian's faketime package)");
+    let lib =
+        fenced_testkit::process::libfaketime().expect("libfaketime (Debian's faketime package)");
     let dir = tempfile::tempdir().unwrap();
     let url = sqlite_url(&dir);
     let token_at = |offset: &str| -> u64 {

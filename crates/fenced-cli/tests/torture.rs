@@ -121,6 +121,24 @@ fn run_with(topology: Topology, faults: &[Fault], defaults: bool) -> serde_json:
     report
 }
 
+/// The recoveries of each time `f` struck in the run, which must be one
+/// at least.
+fn strikes(topology: Topology, f: Fault, r: &serde_json::Value) -> Vec<&serde_json::Value> {
+    let struck: Vec<&serde_json::Value> = r["findings"]["recoveries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|x| x["fault"] == f.name())
+        .collect();
+    assert!(
+        !struck.is_empty(),
+        "{}: {} never struck: {r}",
+        topology.name(),
+        f.name()
+    );
+    struck
+}
+
 /// Every fault of `faults` that breaks exclusion or liveness by design
 /// showed in the run: each time it struck, a second holder got in (an
 /// overlap) or the client it took the lock from was told (a lost
@@ -128,19 +146,7 @@ fn run_with(topology: Topology, faults: &[Fault], defaults: bool) -> serde_json:
 fn assert_teeth(topology: Topology, faults: &[Fault], r: &serde_json::Value) {
     let teeth = |f: &Fault| matches!(f, Fault::Pause | Fault::Partition | Fault::Clock);
     for f in faults.iter().filter(|f| teeth(f)) {
-        let struck: Vec<&serde_json::Value> = r["findings"]["recoveries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|x| x["fault"] == f.name())
-            .collect();
-        assert!(
-            !struck.is_empty(),
-            "{}: {} never struck: {r}",
-            topology.name(),
-            f.name()
-        );
-        for x in struck {
+        for x in strikes(topology, *f, r) {
             assert!(
                 x["overlaps"].as_u64() >= Some(1) || x["signals"].as_u64() >= Some(1),
                 "{}: the fault {} had no teeth (no overlap, no lost signal): {r}",
@@ -178,19 +184,7 @@ fn assert_refused(topology: Topology, faults: &[Fault], r: &serde_json::Value) {
         .iter()
         .filter(|f| matches!(f, Fault::Disk | Fault::Exhaust))
     {
-        let struck: Vec<&serde_json::Value> = r["findings"]["recoveries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|x| x["fault"] == f.name())
-            .collect();
-        assert!(
-            !struck.is_empty(),
-            "{}: {} never struck: {r}",
-            topology.name(),
-            f.name()
-        );
-        for x in struck {
+        for x in strikes(topology, *f, r) {
             let n = |k: &str| x[k].as_u64().unwrap_or(0);
             assert!(
                 n("errors") >= 1 || 2 * n("grants_during") < n("grants_before"),

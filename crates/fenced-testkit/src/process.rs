@@ -25,3 +25,17 @@ pub fn kill_group(child: &mut Child) {
     let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
     let _ = child.wait();
 }
+
+/// Debian's libfaketime (the `faketime` package), to run a process with
+/// its wall clock moved (`LD_PRELOAD` it, with `FAKETIME` or
+/// `FAKETIME_TIMESTAMP_FILE`); `None` where it is not installed.
+pub fn libfaketime() -> Option<std::path::PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime",
+        "/usr/lib/aarch64-linux-gnu/faketime",
+        "/usr/lib/faketime",
+    ]
+    .iter()
+    .map(|d| std::path::Path::new(d).join("libfaketime.so.1"))
+    .find(|p| p.is_file())
+}

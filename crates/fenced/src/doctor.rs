@@ -58,6 +58,16 @@ impl fmt::Display for Verdict {
     }
 }
 
+/// [`clock_offset`] from the server's clock read as seconds since 1970,
+/// or `Unknown` with why it could not be read.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn clock_read<E: fmt::Display>(epoch_secs: Result<f64, E>) -> Check {
+    match epoch_secs {
+        Ok(now) => clock_offset((now * 1e6) as i64),
+        Err(e) => Check::new("clock", Verdict::Unknown, e.to_string()),
+    }
+}
+
 /// The offset of the server's wall clock from this host's, as a check:
 /// fenced never compares the two (leases run on the server's clock and
 /// the client's monotonic one), but people reading both do.

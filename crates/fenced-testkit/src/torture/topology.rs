@@ -107,16 +107,8 @@ impl Topology {
             // Only where a small file system can be mounted to fill (as
             // root, with the right to mount: not in every container).
             Fault::Disk => self == T::Sqlite && can_mount_tmpfs(),
-            Fault::Exhaust => matches!(
-                self,
-                T::Redis
-                    | T::RedisAof
-                    | T::Postgres
-                    | T::PostgresAdvisory
-                    | T::Mariadb
-                    | T::MariadbAdvisory
-                    | T::Zookeeper
-            ),
+            // A limit to fill behind one proxied address: etcd has none.
+            Fault::Exhaust => self.one_endpoint() && self != T::Etcd,
             _ => true,
         }
     }

@@ -331,7 +331,7 @@ impl MySqlBackend {
     /// clock; with `advisory`, what bounds a `GET_LOCK` too. What cannot
     /// be read is `Unknown`, with why.
     pub(crate) async fn checks(&self, advisory: bool) -> Result<Vec<crate::doctor::Check>> {
-        use crate::doctor::{Check, Verdict, clock_offset};
+        use crate::doctor::{Check, Verdict};
         let mut out = Vec::new();
         let flush: std::result::Result<i64, _> =
             sqlx::query_scalar("SELECT CAST(@@innodb_flush_log_at_trx_commit AS SIGNED)")
@@ -386,10 +386,7 @@ impl MySqlBackend {
             sqlx::query_scalar("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) AS DOUBLE)")
                 .fetch_one(&self.pool)
                 .await;
-        out.push(match now {
-            Ok(now) => clock_offset((now * 1e6) as i64),
-            Err(e) => Check::new("clock", Verdict::Unknown, e.to_string()),
-        });
+        out.push(crate::doctor::clock_read(now));
         Ok(out)
     }
 }

@@ -298,7 +298,7 @@ impl PgBackend {
     /// What cannot be read (a managed server's restrictions) is
     /// `Unknown`, with why.
     pub(crate) async fn checks(&self) -> Result<Vec<crate::doctor::Check>> {
-        use crate::doctor::{Check, Verdict, clock_offset};
+        use crate::doctor::{Check, Verdict};
         let mut out = Vec::new();
         // fenced turns synchronous_commit on for its own sessions (see
         // DURABLE_COMMITS): what matters is that it took, and what the
@@ -347,10 +347,7 @@ impl PgBackend {
             sqlx::query_scalar("SELECT extract(epoch FROM clock_timestamp())::float8")
                 .fetch_one(&self.pool)
                 .await;
-        out.push(match now {
-            Ok(now) => clock_offset((now * 1e6) as i64),
-            Err(e) => Check::new("clock", Verdict::Unknown, e.to_string()),
-        });
+        out.push(crate::doctor::clock_read(now));
         Ok(out)
     }
 }
