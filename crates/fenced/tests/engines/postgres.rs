@@ -139,8 +139,11 @@ async fn advisory_session_killed_fires_the_lost_signal() {
 /// `SERIALIZABLE` defaults too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_holds_under_stricter_default_isolation() {
-    let server = PgServer::start();
     for iso in ["repeatable read", "serializable"] {
+        // A server each: the two suites' clients, dozens of pooled
+        // connections, would not all close before the next level's open,
+        // and PostgreSQL takes 100 connections by default.
+        let server = PgServer::start();
         server.sql(&format!(
             "ALTER DATABASE postgres SET default_transaction_isolation = '{iso}'"
         ));
