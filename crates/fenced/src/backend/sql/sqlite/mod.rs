@@ -238,6 +238,10 @@ async fn open_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error
         .after_release(|conn, _| {
             Box::pin(async move {
                 use sqlx::Connection;
+                // The common case costs nothing: no transaction counted.
+                if !conn.is_in_transaction() {
+                    return Ok(true);
+                }
                 conn.ping().await?;
                 Ok(!conn.is_in_transaction())
             })
