@@ -13,6 +13,8 @@ pub mod interop;
 pub mod process;
 pub mod servers;
 mod timing;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod torture;
 
 pub use fixture::{

@@ -50,11 +50,18 @@ impl Client {
     /// | `redlock://h1,h2,h3` | RedLock over independent masters (feature `redis`) |
     /// | `postgres://user@host/db[?mode=advisory]` | a lease table, or session advisory locks (feature `postgres`) |
     /// | `mysql://user@host/db[?mode=advisory]`, `mariadb://…` | a lease table, or `GET_LOCK` (feature `mysql`) |
-    /// | `etcd://h1,h2,h3` | etcd v3, `concurrency.Mutex`'s layout (feature `etcd`) |
+    /// | `etcd://h1,h2,h3`, `etcds://…` | etcd v3, `concurrency.Mutex`'s layout (feature `etcd`; `etcds` with `tls`) |
     /// | `zk://h1,h2,h3[/chroot]` | ZooKeeper, Curator's layouts (feature `zookeeper`) |
     ///
     /// Every URL takes `timeout=` (5 s by default): how long one request
     /// may take before it counts as failed.
+    ///
+    /// With the feature `tls`, `rediss://` and `etcds://` check the
+    /// server's certificate and name against the webpki roots, or against
+    /// the CA in `ca=/path/ca.pem`; PostgreSQL URLs take `sslmode=` (up to
+    /// `verify-full`) and `sslrootcert=`, MySQL URLs `ssl-mode=` (up to
+    /// `VERIFY_IDENTITY`) and `ssl-ca=`. A server whose certificate the
+    /// client does not trust is refused at connect, with the reason.
     ///
     /// # Errors
     /// [`InvalidInput`](crate::ErrorKind::InvalidInput) for a URL fenced

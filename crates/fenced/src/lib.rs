@@ -60,8 +60,14 @@
 //! | `redlock://h1,h2,h3` | RedLock over independent masters | `redis` |
 //! | `postgres://user@host/db[?mode=advisory]` | a lease table, or session advisory locks | `postgres` |
 //! | `mysql://…`, `mariadb://…[?mode=advisory]` | a lease table, or `GET_LOCK` | `mysql` |
-//! | `etcd://h1,h2,h3` | etcd v3, `concurrency.Mutex`'s layout | `etcd` |
+//! | `etcd://h1,h2,h3`, `etcds://…` | etcd v3, `concurrency.Mutex`'s layout | `etcd` (`etcds` with `tls`) |
 //! | `zk://h1,h2,h3[/chroot]` | ZooKeeper, Curator's layouts | `zookeeper` |
+//!
+//! **TLS** (feature `tls`, rustls): `rediss://` and `etcds://` check the
+//! server's certificate and name against the webpki roots, or against the
+//! CA in `ca=/path/ca.pem`; PostgreSQL URLs take `sslmode=` (up to
+//! `verify-full`) and `sslrootcert=`, MySQL URLs `ssl-mode=` (up to
+//! `VERIFY_IDENTITY`) and `ssl-ca=`, as their own clients do.
 //!
 //! ## The contract, on every backend
 //!

@@ -13,6 +13,8 @@ const READY: Duration = Duration::from_secs(30);
 pub struct Member {
     /// Client port.
     pub port: u16,
+    /// Client port for TLS, if the cluster was started with it.
+    pub tls_port: Option<u16>,
     peer: u16,
     name: String,
     server: Option<Server>,
@@ -22,6 +24,8 @@ pub struct Member {
 pub struct EtcdCluster {
     /// The members, in start order.
     pub members: Vec<Member>,
+    /// The server certificate and key of a cluster that speaks TLS.
+    tls: Option<(PathBuf, PathBuf)>,
     dir: PathBuf,
     _tmp: tempfile::TempDir,
 }
@@ -34,6 +38,17 @@ impl EtcdCluster {
 
     /// A fresh cluster of `n` members.
     pub fn start_n(n: usize) -> EtcdCluster {
+        EtcdCluster::start_with(n, None)
+    }
+
+    /// A fresh single member that also serves clients over TLS with
+    /// `certs`' server certificate, on its `tls_port` ([`tls_url`](Self::tls_url)).
+    #[cfg(feature = "tls")]
+    pub fn start_tls(certs: &crate::tls::TestCerts) -> EtcdCluster {
+        EtcdCluster::start_with(1, Some((certs.cert.clone(), certs.key.clone())))
+    }
+
+    fn start_with(n: usize, tls: Option<(PathBuf, PathBuf)>) -> EtcdCluster {
         let mut last = String::new();
         for _ in 0..5 {
             let tmp = tempfile::tempdir().expect("a temp dir for etcd");
@@ -41,11 +56,13 @@ impl EtcdCluster {
                 members: (1..=n)
                     .map(|i| Member {
                         port: free_port(),
+                        tls_port: tls.as_ref().map(|_| free_port()),
                         peer: free_port(),
                         name: format!("n{i}"),
                         server: None,
                     })
                     .collect(),
+                tls: tls.clone(),
                 dir: tmp.path().to_owned(),
                 _tmp: tmp,
             };
@@ -81,7 +98,10 @@ impl EtcdCluster {
         let token = format!("fenced-{}", self.members[0].port);
         let m = &mut self.members[i];
         let data = self.dir.join(format!("{}.etcd", m.name));
-        let client = format!("http://127.0.0.1:{}", m.port);
+        let mut client = format!("http://127.0.0.1:{}", m.port);
+        if let Some(port) = m.tls_port {
+            client.push_str(&format!(",https://127.0.0.1:{port}"));
+        }
         let peer = format!("http://127.0.0.1:{}", m.peer);
         let mut cmd = Command::new(bin);
         cmd.arg("--name")
@@ -98,6 +118,9 @@ impl EtcdCluster {
             // etcd's own heartbeat (100 ms) and election timeout (1 s):
             // leader faults take as long as they do for users.
             .args(["--logger", "zap", "--log-level", "warn"]);
+        if let Some((cert, key)) = &self.tls {
+            cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
+        }
         let log = self.dir.join(format!("etcd-{}.log", m.name));
         m.server = Some(Server::start(cmd, &log, Signal::SIGTERM));
     }
@@ -116,6 +139,22 @@ impl EtcdCluster {
             .map(|m| format!("127.0.0.1:{}", m.port))
             .collect();
         format!("etcd://{}", hosts.join(","))
+    }
+
+    /// `etcds://127.0.0.1:TLS_PORT,...` of a cluster started with
+    /// [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> String {
+        let hosts: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| {
+                format!(
+                    "127.0.0.1:{}",
+                    m.tls_port.expect("a cluster started with TLS")
+                )
+            })
+            .collect();
+        format!("etcds://{}", hosts.join(","))
     }
 
     /// `127.0.0.1:P1,127.0.0.1:P2,...` for `etcdctl --endpoints`.

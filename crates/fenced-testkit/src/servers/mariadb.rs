@@ -12,6 +12,8 @@ pub struct MariaDb {
     /// Its loopback port.
     pub port: u16,
     dir: PathBuf,
+    /// `mariadbd` options beyond the test kit's own.
+    args: Vec<String>,
     server: Option<Server>,
     _tmp: tempfile::TempDir,
 }
@@ -51,6 +53,21 @@ fn template() -> PathBuf {
 impl MariaDb {
     /// A fresh server with the `mysql` database.
     pub fn start() -> MariaDb {
+        MariaDb::start_with(Vec::new())
+    }
+
+    /// A fresh server that also speaks TLS with `certs`' server
+    /// certificate; clients may still connect without it.
+    #[cfg(feature = "tls")]
+    pub fn start_tls(certs: &crate::tls::TestCerts) -> MariaDb {
+        MariaDb::start_with(vec![
+            format!("--ssl-cert={}", certs.cert.display()),
+            format!("--ssl-key={}", certs.key.display()),
+            format!("--ssl-ca={}", certs.ca.display()),
+        ])
+    }
+
+    fn start_with(args: Vec<String>) -> MariaDb {
         let tmp = tempfile::tempdir().expect("a temp dir for MariaDB");
         let dir = tmp.path().to_owned();
         let status = Command::new("cp")
@@ -63,6 +80,7 @@ impl MariaDb {
         let mut s = MariaDb {
             port: 0,
             dir,
+            args,
             server: None,
             _tmp: tmp,
         };
@@ -99,7 +117,8 @@ impl MariaDb {
                 "--innodb-log-file-size=16M",
                 "--innodb-flush-log-at-trx-commit=2",
                 "--skip-name-resolve",
-            ]);
+            ])
+            .args(&self.args);
         let log = d.join(format!("mariadbd-{}.out", self.port));
         let mut server = Server::start(cmd, &log, Signal::SIGTERM);
         let port = self.port;

@@ -15,6 +15,8 @@ pub struct PgServer {
     /// Its loopback port.
     pub port: u16,
     data: PathBuf,
+    /// `-c` settings beyond the test kit's own.
+    settings: Vec<String>,
     server: Option<Server>,
     _tmp: tempfile::TempDir,
 }
@@ -116,6 +118,32 @@ fn template() -> PathBuf {
 impl PgServer {
     /// A fresh server with an empty `postgres` database, user `postgres`, trust auth.
     pub fn start() -> PgServer {
+        PgServer::start_with(|_| Vec::new())
+    }
+
+    /// A fresh server that also speaks TLS (`ssl=on`) with `certs`'
+    /// server certificate; clients may still connect without it.
+    #[cfg(feature = "tls")]
+    pub fn start_tls(certs: &crate::tls::TestCerts) -> PgServer {
+        PgServer::start_with(|dir| {
+            // The server reads them as its own user and wants the key
+            // private: copies in its directory, owned with the rest.
+            let copy = |from: &Path, name: &str| {
+                let to = dir.join(name);
+                std::fs::copy(from, &to).expect("copy a certificate file");
+                format!("{}", to.display())
+            };
+            vec![
+                "ssl=on".to_owned(),
+                format!("ssl_cert_file={}", copy(&certs.cert, "server.pem")),
+                format!("ssl_key_file={}", copy(&certs.key, "server.key")),
+            ]
+        })
+    }
+
+    /// A fresh server with `settings` (given the server's temp dir, where
+    /// files it reads may be put) added to its `-c` settings.
+    fn start_with(settings: impl FnOnce(&Path) -> Vec<String>) -> PgServer {
         let tmp = tempfile::tempdir().expect("a temp dir for PostgreSQL");
         let data = tmp.path().join("data");
         let status = Command::new("cp")
@@ -125,12 +153,14 @@ impl PgServer {
             .status()
             .expect("run cp");
         assert!(status.success(), "copy the PostgreSQL template");
+        let settings = settings(tmp.path());
         chown_tree(tmp.path());
         let mut last = String::new();
         for _ in 0..5 {
             let mut s = PgServer {
                 port: free_port(),
                 data: data.clone(),
+                settings: settings.clone(),
                 server: None,
                 _tmp: tempfile::tempdir().expect("a temp dir"),
             };
@@ -163,6 +193,9 @@ impl PgServer {
             "synchronous_commit=on",
             "full_page_writes=off",
         ] {
+            cmd.arg("-c").arg(c);
+        }
+        for c in &self.settings {
             cmd.arg("-c").arg(c);
         }
         as_server_user(&mut cmd);

@@ -26,6 +26,41 @@ impl RedisServer {
         RedisServer::start_with(&[])
     }
 
+    /// A fresh master with no persistence that also listens for TLS on a
+    /// port of its own ([`tls_url`](Self::tls_url)), with `certs`' server
+    /// certificate; clients need no certificate.
+    #[cfg(feature = "tls")]
+    pub fn start_tls(certs: &crate::tls::TestCerts) -> RedisServer {
+        let port = free_port().to_string();
+        let path = |p: &Path| p.display().to_string();
+        let (cert, key, ca) = (path(&certs.cert), path(&certs.key), path(&certs.ca));
+        RedisServer::start_with(&[
+            "--tls-port",
+            &port,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+        ])
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT` of a server started with
+    /// [`start_tls`](Self::start_tls).
+    #[cfg(feature = "tls")]
+    pub fn tls_url(&self) -> String {
+        let port = self
+            .args
+            .iter()
+            .skip_while(|a| *a != "--tls-port")
+            .nth(1)
+            .expect("a server started with start_tls");
+        format!("rediss://127.0.0.1:{port}")
+    }
+
     /// A fresh server with extra `redis-server` arguments.
     pub fn start_with(args: &[&str]) -> RedisServer {
         let tmp = tempfile::tempdir().expect("a temp dir for redis");

@@ -139,8 +139,8 @@ static TABLE: std::sync::LazyLock<Vec<BackendInfo>> = std::sync::LazyLock::new(|
             schemes: &["redis", "rediss"],
             feature: Some("redis"),
             default_port: Some(6379),
-            example: "redis://host:6379[?layout=simple]",
-            summary: "one Redis server (rediss:// with the feature `tls`)",
+            example: "redis://host:6379[?layout=simple] or rediss://host:6379[?ca=FILE]",
+            summary: "one Redis server (rediss://: TLS, with the feature `tls`)",
             capabilities: LEASED,
             open: opener!("redis", open_redis),
         },
@@ -200,16 +200,16 @@ static TABLE: std::sync::LazyLock<Vec<BackendInfo>> = std::sync::LazyLock::new(|
         },
         BackendInfo {
             name: "etcd",
-            schemes: &["etcd"],
+            schemes: &["etcd", "etcds"],
             feature: Some("etcd"),
             default_port: Some(2379),
-            example: "etcd://h1,h2,h3",
-            summary: "etcd v3 in concurrency.Mutex's layout",
+            example: "etcd://h1,h2,h3 or etcds://h1,h2,h3[?ca=FILE]",
+            summary: "etcd v3 in concurrency.Mutex's layout (etcds://: TLS, with the feature `tls`)",
             capabilities: Capabilities {
                 session: true,
                 ..LEASED
             },
-            open: opener!("etcd", super::etcd::EtcdBackend::open),
+            open: opener!("etcd", open_etcd),
         },
         BackendInfo {
             name: "zk",
@@ -236,12 +236,27 @@ async fn open_sqlite(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend
 
 #[cfg(feature = "redis")]
 async fn open_redis(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
-    if url.starts_with("rediss:") && !cfg!(feature = "tls") {
-        return Err(crate::error::Error::invalid(
-            "rediss:// needs TLS, which is not in this build of fenced (cargo feature `tls`)",
-        ));
-    }
+    needs_tls(url, "rediss:")?;
     super::redis::RedisBackend::open(url, wakeups).await
+}
+
+#[cfg(feature = "etcd")]
+async fn open_etcd(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
+    needs_tls(url, "etcds:")?;
+    super::etcd::EtcdBackend::open(url, wakeups).await
+}
+
+/// Refuses a TLS scheme (`tls_scheme`, with its colon) in a build without
+/// the feature `tls`, rather than letting a client speak plain text to a
+/// TLS port.
+#[cfg(any(feature = "redis", feature = "etcd"))]
+fn needs_tls(url: &str, tls_scheme: &str) -> Result<()> {
+    if url.starts_with(tls_scheme) && !cfg!(feature = "tls") {
+        return Err(crate::error::Error::invalid(format!(
+            "{tls_scheme}// needs TLS, which is not in this build of fenced (cargo feature `tls`)"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

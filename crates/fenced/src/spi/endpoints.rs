@@ -153,6 +153,32 @@ impl Endpoints {
         Some(self.query.remove(i).1)
     }
 
+    /// Takes `ca=FILE`, the PEM certificates of the authorities a TLS URL
+    /// (`tls`: its scheme is `tls_scheme`) trusts instead of the webpki
+    /// roots, and reads them; a `ca=` on a URL without TLS is refused, as it
+    /// would change nothing.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub(crate) fn take_ca(&mut self, tls: bool, tls_scheme: &str) -> Result<Option<Vec<u8>>> {
+        let Some(path) = self.take("ca") else {
+            return Ok(None);
+        };
+        let url = &self.redacted;
+        if !tls {
+            return Err(Error::invalid(format!(
+                "ca= in {url:?}: a CA file applies to TLS; use {tls_scheme}//"
+            )));
+        }
+        let pem = std::fs::read(&path).map_err(|e| {
+            Error::invalid(format!("ca={path:?} in {url:?}: cannot read it: {e}")).with_source(e)
+        })?;
+        if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+            return Err(Error::invalid(format!(
+                "ca={path:?} in {url:?}: no PEM certificate in it (-----BEGIN CERTIFICATE-----)"
+            )));
+        }
+        Ok(Some(pem))
+    }
+
     /// Takes `key` as a duration (`250ms`, `2s`, `1m`, or bare milliseconds).
     pub(crate) fn take_duration(&mut self, key: &str) -> Result<Option<std::time::Duration>> {
         let Some(v) = self.take(key) else {

@@ -8,4 +8,5 @@ mod multilock;
 mod postgres;
 mod redis;
 mod sqlite;
+mod tls;
 mod zookeeper;

@@ -75,7 +75,7 @@ use session::*;
 
 const DEFAULT_PORT: u16 = 2379;
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
-const PARAMS: &[&str] = &["lease_ttl", "timeout"];
+const PARAMS: &[&str] = &["lease_ttl", "timeout", "ca"];
 const TOKEN_PREFIX: &str = "fenced.token/";
 /// What no lock name may start with on etcd: fenced's own records.
 const RESERVED: &str = "fenced.";
@@ -189,18 +189,34 @@ impl EtcdBackend {
             )));
         }
         let timeout = ep.take_timeout()?;
+        let tls = ep.scheme == "etcds";
+        let ca = ep.take_ca(tls, "etcds:")?;
         ep.finish(PARAMS)?;
         if !ep.path.is_empty() {
             return Err(Error::invalid(format!(
                 "{label:?}: an etcd URL has no path (lock names are etcd key prefixes)"
             )));
         }
+        let http = if tls { "https://" } else { "http://" };
         let endpoints: Vec<String> = (0..ep.hosts.len())
-            .map(|i| format!("http://{}", ep.addr(i)))
+            .map(|i| format!("{http}{}", ep.addr(i)))
             .collect();
         let mut opts = ConnectOptions::new()
             .with_timeout(timeout)
             .with_connect_timeout(timeout);
+        // `ca=`: the members' certificates are checked against that
+        // authority alone; without it, against the webpki roots. Each
+        // endpoint's host is the name checked.
+        #[cfg(feature = "tls")]
+        if tls {
+            let roots = etcd_client::TlsOptions::new();
+            opts = opts.with_tls(match ca {
+                Some(pem) => roots.ca_certificate(etcd_client::Certificate::from_pem(pem)),
+                None => roots.with_webpki_roots(),
+            });
+        }
+        #[cfg(not(feature = "tls"))]
+        debug_assert!(ca.is_none(), "etcds:// is refused without TLS");
         if let Some(user) = &ep.user {
             opts = opts.with_user(user.clone(), ep.password.clone().unwrap_or_default());
         }
@@ -215,7 +231,7 @@ impl EtcdBackend {
             .map_err(|e| map_err(&label, e))?;
         let mut hosts: Vec<String> = endpoints
             .iter()
-            .map(|e| e.trim_start_matches("http://").to_ascii_lowercase())
+            .map(|e| e.trim_start_matches(http).to_ascii_lowercase())
             .collect();
         hosts.sort();
         hosts.dedup();

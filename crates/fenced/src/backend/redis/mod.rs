@@ -70,6 +70,7 @@ const PARAMS: &[&str] = &[
     "timeout",
     "sentinel_user",
     "sentinel_password",
+    "ca",
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,6 +196,7 @@ impl RedisBackend {
             .take_duration("wait_timeout")?
             .unwrap_or(Duration::from_secs(1));
         let timeout = ep.take_timeout()?;
+        let ca = ep.take_ca(ep.scheme == "rediss", "rediss:")?;
         let redacted = ep.redacted().to_owned();
         let client_err = |e: redis::RedisError| {
             Error::invalid(format!("bad Redis URL {redacted:?}: {e}")).with_source(e)
@@ -221,10 +223,25 @@ impl RedisBackend {
                 }
                 let u = format!("{s}://{creds}{}/{}", ep.addr(0), ep.path);
                 let scheme = if s == "redis" { "redis" } else { "rediss" };
-                (
-                    scheme,
-                    Target::Fixed(Box::new(redis::Client::open(u).map_err(client_err)?)),
-                )
+                // `ca=`: the server's certificate is checked against that
+                // authority alone; without it, against the webpki roots.
+                #[cfg(feature = "tls")]
+                let client = match ca {
+                    Some(root_cert) => redis::Client::build_with_tls(
+                        u,
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(root_cert),
+                        },
+                    ),
+                    None => redis::Client::open(u),
+                };
+                #[cfg(not(feature = "tls"))]
+                let client = {
+                    debug_assert!(ca.is_none(), "rediss:// is refused without TLS");
+                    redis::Client::open(u)
+                };
+                (scheme, Target::Fixed(Box::new(client.map_err(client_err)?)))
             }
             "redis+sentinel" => {
                 let mut parts = ep.path.splitn(2, '/');

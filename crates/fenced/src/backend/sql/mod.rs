@@ -114,6 +114,21 @@ impl SqlUrl {
                 _ => kept.push((k.into_owned(), v.into_owned())),
             }
         }
+        // A URL that asks for TLS in a build without it fails here, not
+        // at the first connection with the driver's words for it.
+        #[cfg(not(feature = "tls"))]
+        if let Some((k, v)) = kept.iter().find(|(k, v)| {
+            matches!(k.as_str(), "sslmode" | "ssl-mode" | "sslMode")
+                && !matches!(
+                    v.to_ascii_lowercase().as_str(),
+                    "disable" | "disabled" | "allow" | "prefer" | "preferred"
+                )
+        }) {
+            return Err(Error::invalid(format!(
+                "{k}={v} in {label:?} needs TLS, which is not in this build of fenced \
+                 (cargo feature `tls`)"
+            )));
+        }
         driver.set_query(None);
         if !kept.is_empty() {
             driver.query_pairs_mut().extend_pairs(&kept);
