@@ -106,6 +106,49 @@ enum Command {
     #[cfg(feature = "torture")]
     #[command(hide = true)]
     TortureWorker(torture::WorkerArgs),
+    /// Print a shell's completion script for fenced on stdout
+    /// (bash: `fenced completions bash > /etc/bash_completion.d/fenced`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print fenced's manual page (roff) on stdout
+    /// (`fenced man > /usr/local/share/man/man1/fenced.1`), or a command's
+    /// (`fenced man run > …/fenced-run.1`).
+    Man {
+        /// The command whose page to print (fenced-COMMAND(1)).
+        command: Option<String>,
+    },
+}
+
+/// `fenced completions SHELL` and `fenced man`: both from the same clap
+/// definition as `--help`, so they never disagree with it.
+fn print_generated(command: &Command) -> anyhow::Result<ExitCode> {
+    use clap::CommandFactory;
+    use std::io::Write;
+    let mut cli = Cli::command();
+    let mut out = Vec::new();
+    match command {
+        Command::Completions { shell } => {
+            clap_complete::generate(*shell, &mut cli, "fenced", &mut out);
+        }
+        Command::Man { command: None } => clap_mangen::Man::new(cli).render(&mut out)?,
+        Command::Man {
+            command: Some(name),
+        } => {
+            let page = cli
+                .find_subcommand(name)
+                .filter(|c| !c.is_hide_set())
+                .ok_or_else(|| usage(format!("fenced has no command {name:?}")))?
+                .clone()
+                .name(format!("fenced-{name}"));
+            clap_mangen::Man::new(page).render(&mut out)?;
+        }
+        _ => unreachable!("only completions and man are generated"),
+    }
+    std::io::stdout().lock().write_all(&out)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A bad argument found after parsing (a value clap takes but fenced
@@ -247,6 +290,7 @@ fn main() -> ExitCode {
             Command::Torture(args) => torture::torture(backend, args).await,
             #[cfg(feature = "torture")]
             Command::TortureWorker(args) => torture::worker(backend, args).await,
+            c @ (Command::Completions { .. } | Command::Man { .. }) => print_generated(&c),
         };
         match result {
             Ok(code) => code,

@@ -272,6 +272,54 @@ fn lost_lock_kills_the_command() {
     assert!(err.contains("lost lock"), "{err}");
 }
 
+/// Completion scripts and manual pages come from the same definition as
+/// `--help`: they name every command a user may type.
+#[test]
+fn completions_and_man_pages_name_every_command() {
+    let text = |args: &[&str]| {
+        let out = fenced("memory://", args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let commands = [
+        "run", "status", "unlock", "doctor", "demo", "bench", "torture",
+    ];
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let script = text(&["completions", shell]);
+        for c in commands {
+            assert!(script.contains(c), "{shell} completes {c}");
+        }
+    }
+    let page = text(&["man"]);
+    assert!(
+        page.starts_with(".ie") && page.contains(".TH fenced 1"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("torture\\-worker"),
+        "hidden commands stay out of fenced(1)"
+    );
+    for c in commands {
+        assert!(
+            page.contains(&format!("fenced\\-{c}(1)")),
+            "fenced(1) lists {c}"
+        );
+    }
+    let run = text(&["man", "run"]);
+    assert!(
+        run.contains(".TH fenced-run 1") && run.contains("nonblock"),
+        "{run}"
+    );
+    for args in [
+        &["completions", "tcsh"][..],
+        &["man", "torture-worker"],
+        &["man", "nope"],
+    ] {
+        let out = fenced("memory://", args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}
+
 #[test]
 fn bad_arguments_get_one_line_and_exit_2() {
     let dir = tempfile::tempdir().unwrap();
