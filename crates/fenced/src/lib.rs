@@ -88,10 +88,13 @@
 //! - **Owner-only release**, **blocking, try and timed acquisition**,
 //!   **fair mode**, **cancellation safety**, and **no call that waits on a
 //!   silent server** past the request timeout (`timeout=` in every URL).
+//! - **Blocking API**: [`blocking`] wraps the client for callers without
+//!   an async runtime.
 //! - **Errors** have a [`kind`](Error::kind); bad input is refused before any I/O.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+pub mod blocking;
 mod client;
 pub(crate) mod core;
 mod doctor;
