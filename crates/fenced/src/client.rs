@@ -201,7 +201,7 @@ impl Client {
     /// What the backend knows of the lock `name`: holders, waiters, last token.
     pub async fn status(&self, name: &str) -> Result<LockStatus> {
         let name = LockName::new(name)?;
-        self.inner.read(|b| b.status(&name)).await
+        self.inner.read("status", |b| b.status(&name)).await
     }
 
     /// Checks the settings of the server (or, for SQLite, the host) that
@@ -224,7 +224,7 @@ impl Client {
         let b = &self.inner.backend;
         // A handful of reads, each bounded by the backend.
         let limit = b.request_timeout() * 3;
-        crate::core::acquire::bounded(limit, b.scheme(), b.doctor()).await
+        crate::core::acquire::bounded(limit, b.scheme(), "doctor", b.doctor()).await
     }
 
     /// Gives back every lock this client holds and lets go of the

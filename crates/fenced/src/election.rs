@@ -94,7 +94,7 @@ impl Election {
         let inner = &self.lock.as_lock().client.inner;
         if inner.backend.election().is_some() {
             let native = inner
-                .read(|b| match b.election() {
+                .read("leader", |b| match b.election() {
                     Some(e) => e.leader(&self.lock.as_lock().name),
                     None => Box::pin(async { Ok(None) }),
                 })
@@ -133,8 +133,11 @@ impl Leadership {
         let c = g.client();
         let native = match c.backend.election() {
             Some(e) => Some(
-                c.write(e.proclaim(g.hold_ref(), g.fencing_token(), value.as_ref()))
-                    .await?,
+                c.write(
+                    "proclaim",
+                    e.proclaim(g.hold_ref(), g.fencing_token(), value.as_ref()),
+                )
+                .await?,
             ),
             None => None,
         };

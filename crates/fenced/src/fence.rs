@@ -56,7 +56,7 @@ impl FencedRegister {
     pub async fn read(&self) -> Result<Option<(Vec<u8>, u64)>> {
         self.client
             .inner
-            .read(|b| b.register_read(&self.name))
+            .read("register_read", |b| b.register_read(&self.name))
             .await
     }
 
@@ -84,11 +84,14 @@ impl FencedRegister {
     pub async fn write_with_token(&self, token: u64, value: impl AsRef<[u8]>) -> Result<()> {
         let inner = &self.client.inner;
         let accepted = inner
-            .write(inner.backend.register_write(RegisterWrite {
-                name: &self.name,
-                value: value.as_ref(),
-                rule: WriteRule::Fence(token),
-            }))
+            .write(
+                "register_write",
+                inner.backend.register_write(RegisterWrite {
+                    name: &self.name,
+                    value: value.as_ref(),
+                    rule: WriteRule::Fence(token),
+                }),
+            )
             .await?;
         if accepted {
             Ok(())
@@ -108,11 +111,14 @@ impl FencedRegister {
     pub async fn write_unfenced(&self, value: impl AsRef<[u8]>) -> Result<()> {
         let inner = &self.client.inner;
         inner
-            .write(inner.backend.register_write(RegisterWrite {
-                name: &self.name,
-                value: value.as_ref(),
-                rule: WriteRule::Always,
-            }))
+            .write(
+                "register_write",
+                inner.backend.register_write(RegisterWrite {
+                    name: &self.name,
+                    value: value.as_ref(),
+                    rule: WriteRule::Always,
+                }),
+            )
             .await
             .map(|_| ())
     }
@@ -129,7 +135,10 @@ impl FencedRegister {
         }
         let inner = &self.client.inner;
         inner
-            .write(inner.backend.register_decrement(&self.name, by))
+            .write(
+                "register_decrement",
+                inner.backend.register_decrement(&self.name, by),
+            )
             .await
     }
 }

@@ -118,7 +118,28 @@ mod versioned;
 
 pub use crate::spi::types::{HolderInfo, LockStatus, Mode, Ownership};
 
-/// Counters for benchmarks and monitoring.
+/// Metrics: what fenced reports through the [`metrics`](https://docs.rs/metrics)
+/// facade (feature `metrics`, on by default), and counters for benchmarks.
+///
+/// Install any recorder (`metrics-exporter-prometheus`, as in the
+/// `prometheus` example, or another) and fenced reports:
+///
+/// | name | kind | labels | what |
+/// |---|---|---|---|
+/// | `fenced_acquire_wait_seconds` | histogram | `backend`, `outcome` (`granted`, `busy`, `error`) | from an acquisition's call to its result |
+/// | `fenced_hold_seconds` | histogram | `backend`, `end` (`released`, `lost`) | from a grant to its release (or drop) or its lost signal |
+/// | `fenced_lost_total` | counter | `backend`, `reason` (`expired`, `taken`, `session_expired`, `closed`) | lost signals |
+/// | `fenced_renewals_total` | counter | `backend`, `result` (`renewed`, `gone`, `unknown`) | one per hold per renewal |
+/// | `fenced_renewal_margin_seconds` | histogram | `backend` | the lease a hold had left when its renewal was confirmed: renewal lag seen from the other side; near zero, holds are about to be lost |
+/// | `fenced_requests_total` | counter | `backend`, `op`, `result` (`ok`, `error`) | calls to the server: `attempt`, `renew`, `release`, `abandon`, `status`, `force_release`, `register_read`, `register_write`, … |
+/// | `fenced_request_seconds` | histogram | `backend`, `op` | their round trips |
+///
+/// `backend` is the URL's scheme (`redis`, `postgres`, …). Without a
+/// recorder each report is a load and a branch.
+///
+/// Tracing: each hold has a span, `hold` (fields `lock`, `token`, `mode`,
+/// `backend`), from its grant to its release or loss; its renewals and its
+/// lost signal are events in it.
 pub mod metrics {
     /// Requests this process has sent to Redis servers on command
     /// connections, all clients together (a pipeline or a script call is

@@ -167,8 +167,15 @@ impl Lock {
                 .or_else(crate::Owner::current)
                 .map(|o| o.id().to_owned()),
         };
-        let hold = acquire::run(engine, req, wait).await?;
-        Ok(hold.map(|h| Guard::new(h, engine.clone())))
+        let started = Instant::now();
+        let hold = acquire::run(engine, req, wait).await;
+        let outcome = match &hold {
+            Ok(Some(_)) => "granted",
+            Ok(None) => "busy",
+            Err(_) => "error",
+        };
+        crate::core::metrics::acquired(engine.backend.scheme(), outcome, started.elapsed());
+        Ok(hold?.map(|h| Guard::new(h, engine.clone())))
     }
 
     pub(crate) fn check(&self) -> Result<()> {
@@ -240,7 +247,10 @@ impl Lock {
 
     /// What the backend knows of this lock.
     pub async fn status(&self) -> Result<LockStatus> {
-        self.client.inner.read(|b| b.status(&self.name)).await
+        self.client
+            .inner
+            .read("status", |b| b.status(&self.name))
+            .await
     }
 
     /// Drops every hold of this lock, whoever holds it: an operator's
@@ -248,7 +258,9 @@ impl Lock {
     /// fire at their next renewal. Returns how many holds were dropped.
     pub async fn force_unlock(&self) -> Result<usize> {
         let inner = &self.client.inner;
-        inner.write(inner.backend.force_release(&self.name)).await
+        inner
+            .write("force_release", inner.backend.force_release(&self.name))
+            .await
     }
 }
 

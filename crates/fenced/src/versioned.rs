@@ -78,7 +78,7 @@ impl VersionedValue {
         let got = self
             .client
             .inner
-            .read(|b| b.register_read(&self.name))
+            .read("register_read", |b| b.register_read(&self.name))
             .await?;
         Ok(got.map(|(value, version)| Versioned { value, version }))
     }
@@ -89,11 +89,14 @@ impl VersionedValue {
     pub async fn compare_and_set(&self, version: u64, value: impl AsRef<[u8]>) -> Result<bool> {
         let inner = &self.client.inner;
         inner
-            .write(inner.backend.register_write(RegisterWrite {
-                name: &self.name,
-                value: value.as_ref(),
-                rule: WriteRule::Version(version),
-            }))
+            .write(
+                "register_write",
+                inner.backend.register_write(RegisterWrite {
+                    name: &self.name,
+                    value: value.as_ref(),
+                    rule: WriteRule::Version(version),
+                }),
+            )
             .await
     }
 

@@ -117,7 +117,10 @@ async fn attempt_with_retry(
             let (b, a) = (backend.clone(), attempt.clone());
             cleanup.in_flight.push(tokio::spawn(async move {
                 let _slot = slot;
-                b.attempt(&a).await
+                let sent = Instant::now();
+                let r = b.attempt(&a).await;
+                crate::core::metrics::request(b.scheme(), "attempt", sent.elapsed(), r.is_ok());
+                r
             }));
         }
         let handle = cleanup.in_flight.last_mut().expect("one try in flight");
@@ -309,6 +312,7 @@ async fn run_inner(
                     session,
                     reentrant,
                     worker: inner.worker(),
+                    scheme: backend.scheme(),
                 });
                 if !hold.is_held() {
                     // The reply came after the lease (or the session) it
@@ -405,9 +409,14 @@ async fn run_inner(
                         let gone = a.withdrawal();
                         // A try that may yet land is withdrawn once more
                         // by the cleanup, later (see `Job::Abandon`).
-                        if bounded(patience, backend.scheme(), backend.abandon(&gone))
-                            .await
-                            .is_ok()
+                        if bounded(
+                            patience,
+                            backend.scheme(),
+                            "abandon",
+                            backend.abandon(&gone),
+                        )
+                        .await
+                        .is_ok()
                             && !cleanup.doubtful
                         {
                             cleanup.disarm();
@@ -441,15 +450,19 @@ async fn run_inner(
 pub(crate) fn bounded<'a, T: Send + 'a>(
     limit: Duration,
     scheme: &'static str,
+    op: &'static str,
     f: impl Future<Output = Result<T>> + Send + 'a,
 ) -> Reply<'a, T> {
     Box::pin(async move {
-        match tokio::time::timeout(limit, f).await {
+        let sent = Instant::now();
+        let r = match tokio::time::timeout(limit, f).await {
             Ok(r) => r,
             Err(_) => Err(Error::unavailable(format!(
                 "the {scheme} backend did not answer within {limit:?}"
             ))),
-        }
+        };
+        crate::core::metrics::request(scheme, op, sent.elapsed(), r.is_ok());
+        r
     })
 }
 

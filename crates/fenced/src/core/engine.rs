@@ -54,6 +54,7 @@ impl Engine {
     /// died in the pool, a failover) within that time.
     pub(crate) async fn read<'a, T: Send + 'a>(
         &'a self,
+        op: &'static str,
         mut f: impl FnMut(&'a dyn Backend) -> crate::spi::Reply<'a, T>,
     ) -> Result<T> {
         let limit = self.backend.request_timeout();
@@ -61,7 +62,7 @@ impl Engine {
         let until = tokio::time::Instant::now() + limit;
         let backend = &*self.backend;
         crate::core::acquire::with_retry(&RetryPolicy::default(), Some(until), || {
-            crate::core::acquire::bounded(limit, scheme, f(backend))
+            crate::core::acquire::bounded(limit, scheme, op, f(backend))
         })
         .await
     }
@@ -70,10 +71,11 @@ impl Engine {
     /// timeout, tried once (a retry after a lost reply could apply it twice).
     pub(crate) async fn write<'a, T: Send + 'a>(
         &'a self,
+        op: &'static str,
         f: crate::spi::Reply<'a, T>,
     ) -> Result<T> {
         let limit = self.backend.request_timeout();
-        crate::core::acquire::bounded(limit, self.backend.scheme(), f).await
+        crate::core::acquire::bounded(limit, self.backend.scheme(), op, f).await
     }
 
     /// Where background jobs go.
@@ -129,7 +131,7 @@ impl Engine {
         let was_ours = crate::core::acquire::with_retry(&RetryPolicy::default(), until, || {
             let again = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
             let release = self.backend.release(&hold.r);
-            crate::core::acquire::bounded(limit, scheme, async move {
+            crate::core::acquire::bounded(limit, scheme, "release", async move {
                 Ok(release.await? || (again && believed))
             })
         })

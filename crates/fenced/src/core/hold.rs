@@ -92,6 +92,8 @@ pub(crate) struct Grant {
     /// by our own reckoning, and what is left of it on the server would
     /// only keep others waiting.
     pub(crate) worker: mpsc::UnboundedSender<Job>,
+    /// The backend's scheme, for metrics and the hold's span.
+    pub(crate) scheme: &'static str,
 }
 
 /// One grant from the backend, shared by its nested guards.
@@ -107,11 +109,24 @@ pub(crate) struct Hold {
     state: Watch<HoldState>,
     session: Option<Bound>,
     worker: mpsc::UnboundedSender<Job>,
+    scheme: &'static str,
+    /// When the reply that granted it arrived, for its hold time.
+    granted: Instant,
+    /// The hold's tracing span, from grant to release or loss; taken (and
+    /// so closed) at the end, which is said once.
+    span: Mutex<Option<tracing::Span>>,
 }
 
 impl Hold {
     pub(crate) fn new(g: Grant) -> Arc<Hold> {
         let deadline = believed_until(g.sent, g.r.lease);
+        let span = tracing::info_span!(
+            "hold",
+            lock = %g.r.name,
+            token = g.token,
+            mode = %g.mode,
+            backend = g.scheme
+        );
         Arc::new(Hold {
             reentrant: g.reentrant && g.mode.is_reentrant(),
             r: g.r,
@@ -126,7 +141,26 @@ impl Hold {
             }),
             session: g.session,
             worker: g.worker,
+            scheme: g.scheme,
+            granted: Instant::now(),
+            span: Mutex::new(Some(span)),
         })
+    }
+
+    /// The hold's span while it lasts (a disabled one after), for the
+    /// events of its life.
+    pub(crate) fn span(&self) -> tracing::Span {
+        unpoisoned(&self.span)
+            .clone()
+            .unwrap_or_else(tracing::Span::none)
+    }
+
+    /// The hold ended (`released`, which a drop is too, or `lost`): its
+    /// hold time is recorded and its span closes. Once.
+    fn end(&self, how: &'static str) {
+        if unpoisoned(&self.span).take().is_some() {
+            crate::core::metrics::hold_ended(self.scheme, how, self.granted.elapsed());
+        }
     }
 
     pub(crate) fn name(&self) -> &LockName {
@@ -143,6 +177,7 @@ impl Hold {
 
     pub(crate) fn set_released(&self) {
         self.released.store(true, Ordering::Release);
+        self.end("released");
         // Wakes the lease timer of a backend that does not end holds
         // itself (see `end_unrenewed`), which then has nothing left to do.
         self.state.send_modify(|_| {});
@@ -217,7 +252,9 @@ impl Hold {
         // Fired while not released: the holder's release (if it comes
         // now) sees the loss and leaves the giving back to this job.
         if fired {
-            tracing::warn!(lock = %self.r.name, token = self.token, %reason, "lock lost");
+            tracing::warn!(parent: &self.span(), lock = %self.r.name, token = self.token, %reason, "lock lost");
+            crate::core::metrics::lost(self.scheme, reason);
+            self.end("lost");
             let _ = self.worker.send(Job::Release(self.r.clone()));
         }
     }

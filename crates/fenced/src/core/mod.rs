@@ -3,6 +3,7 @@
 pub(crate) mod acquire;
 pub(crate) mod engine;
 pub(crate) mod hold;
+pub(crate) mod metrics;
 pub(crate) mod retry;
 pub(crate) mod watchdog;
 pub(crate) mod worker;

@@ -148,6 +148,7 @@ impl Watchdog {
             .unwrap_or(Duration::ZERO)
             .min(self.backend.request_timeout())
             .max(Duration::from_millis(1));
+        let mut answered = true;
         let results = match tokio::time::timeout(limit, self.backend.renew(&refs)).await {
             Ok(Ok(results)) if results.len() == holds.len() => results,
             failed => {
@@ -157,22 +158,35 @@ impl Watchdog {
                     Err(_) => format!("no answer within {limit:?}"),
                 };
                 tracing::warn!(holds = holds.len(), error = %why, "lease renewal failed; retrying");
+                answered = false;
                 vec![Renewal::Unknown; holds.len()]
             }
         };
+        let scheme = self.backend.scheme();
+        crate::core::metrics::request(scheme, "renew", sent.elapsed(), answered);
         for (h, renewal) in holds.iter().zip(results) {
             match renewal {
                 Renewal::Held => {
+                    // What the hold had left as the confirmation came.
+                    let margin = h.lease_left();
+                    crate::core::metrics::renewal(scheme, "renewed", Some(margin));
                     h.confirm(sent);
-                    tracing::trace!(lock = %h.r.name, token = h.token, "renewed");
+                    tracing::trace!(parent: &h.span(), lock = %h.r.name, token = h.token, "renewed");
                     self.schedule(h.clone(), sent + h.renew_interval());
                 }
-                Renewal::Gone => h.mark_lost(LostReason::Taken),
+                Renewal::Gone => {
+                    crate::core::metrics::renewal(scheme, "gone", None);
+                    h.mark_lost(LostReason::Taken);
+                }
                 Renewal::Unknown if h.is_held() => {
+                    crate::core::metrics::renewal(scheme, "unknown", None);
                     let retry = (h.renew_interval() / 3).min(h.lease_left());
                     self.schedule(h.clone(), Instant::now() + retry);
                 }
-                Renewal::Unknown => h.mark_lost(h.ran_out().unwrap_or(LostReason::Expired)),
+                Renewal::Unknown => {
+                    crate::core::metrics::renewal(scheme, "unknown", None);
+                    h.mark_lost(h.ran_out().unwrap_or(LostReason::Expired));
+                }
             }
         }
     }

@@ -98,7 +98,7 @@ async fn run(backend: &Arc<dyn Backend>, job: Job) {
     match job {
         Job::Release(r) => {
             let res = retry_a_little(|| {
-                crate::core::acquire::bounded(limit, scheme, backend.release(&r))
+                crate::core::acquire::bounded(limit, scheme, "release", backend.release(&r))
             })
             .await;
             match res {
@@ -175,7 +175,10 @@ async fn run(backend: &Arc<dyn Backend>, job: Job) {
 /// Withdraws `gone`, with a few quick retries.
 async fn withdraw(backend: &dyn Backend, limit: Duration, gone: &Withdrawal) -> Result<()> {
     let scheme = backend.scheme();
-    retry_a_little(|| crate::core::acquire::bounded(limit, scheme, backend.abandon(gone))).await
+    retry_a_little(|| {
+        crate::core::acquire::bounded(limit, scheme, "abandon", backend.abandon(gone))
+    })
+    .await
 }
 
 /// A few quick retries for background clean-up: it must not hang on a dead
