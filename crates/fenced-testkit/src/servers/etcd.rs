@@ -143,6 +143,7 @@ impl EtcdCluster {
 
     /// `etcds://127.0.0.1:TLS_PORT,...` of a cluster started with
     /// [`start_tls`](Self::start_tls).
+    #[cfg(feature = "tls")]
     pub fn tls_url(&self) -> String {
         let hosts: Vec<String> = self
             .members

@@ -388,7 +388,7 @@ const FAMILIES: [(Family, &str); 9] = [
 /// The claims as a Markdown table, faults by backend: `P` where every
 /// invariant must hold; `F(…)` where the invariants named are measured
 /// only (broken by design); `L(I3)` where liveness is given up; `–`
-/// where the fault does not apply. The README's guarantee table is this
+/// where the fault does not apply. docs/backends.md's guarantee table is this
 /// text (a test checks it).
 pub fn claims_markdown() -> String {
     let mut out = String::from("| fault |");

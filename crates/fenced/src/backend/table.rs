@@ -271,6 +271,8 @@ mod tests {
         for file in [
             "crates/fenced/Cargo.toml",
             "README.md",
+            "docs/backends.md",
+            "docs/cli.md",
             "docs/ARCHITECTURE.md",
             "crates/fenced/src/lib.rs",
             "crates/fenced/src/client.rs",

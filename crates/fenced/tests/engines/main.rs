@@ -3,6 +3,7 @@
 //! binary so that the suite links once.
 
 mod etcd;
+mod examples;
 mod mariadb;
 mod multilock;
 mod postgres;
