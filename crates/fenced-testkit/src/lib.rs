@@ -134,7 +134,8 @@ macro_rules! conformance_suite {
             multilock_is_all_or_nothing, multilock_retakes_a_lock_lost_while_waiting,
             striped_segments_are_independent,
             bad_input_is_refused, leader_election_hands_over, cancelled_acquires_leave_nothing,
-            cancellation_storm_leaves_the_lock_usable, grant_cases_mutex
+            cancellation_storm_leaves_the_lock_usable, grant_cases_mutex,
+            a_thousand_waiters_of_one_client
         ]);
     };
     (@group rw, $fixture:expr) => {

@@ -18,8 +18,16 @@ pub struct TestCerts {
 }
 
 impl TestCerts {
-    /// A fresh CA (named `name`, for messages) and a server certificate.
+    /// A fresh CA (named `name`, for messages) and a server certificate
+    /// for `127.0.0.1` and `localhost`.
     pub fn new(name: &str) -> TestCerts {
+        TestCerts::for_names(name, &["127.0.0.1", "localhost"])
+    }
+
+    /// A fresh CA and a server certificate for `names` alone (host names
+    /// or IP addresses): with names the server is not reached at, a client
+    /// that checks the name refuses it.
+    pub fn for_names(name: &str, names: &[&str]) -> TestCerts {
         use rcgen::{
             BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
         };
@@ -39,10 +47,13 @@ impl TestCerts {
         let ca_cert = ca.self_signed(&ca_key).expect("a self-signed CA");
         let issuer = Issuer::new(ca, ca_key);
         let key = KeyPair::generate().expect("a server key");
-        let mut leaf = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .expect("server certificate parameters");
-        leaf.distinguished_name
-            .push(DnType::CommonName, "127.0.0.1");
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let common = names
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "server".to_owned());
+        let mut leaf = CertificateParams::new(names).expect("server certificate parameters");
+        leaf.distinguished_name.push(DnType::CommonName, common);
         let cert = leaf.signed_by(&key, &issuer).expect("a server certificate");
         let write = |file: &str, pem: String, mode: u32| {
             use std::os::unix::fs::PermissionsExt;

@@ -18,12 +18,23 @@
 //! The same guarantees hold as in the async API: a dropped [`Guard`]
 //! queues its release, and when the last handle of a client goes (the
 //! client, its locks and guards), the client is closed, which sends those
-//! releases before the runtime stops (bounded by the request timeout).
+//! releases before the runtime stops (bounded by three request timeouts).
+//! Handles of the async client taken from [`Client::as_async`] do not keep
+//! the runtime alive.
 //!
-//! Calls may be made from any thread, also from inside an async runtime
-//! (they block that thread, as any blocking call does there; an async
-//! caller should use [`crate::Client`]). Anything the typed methods do not
-//! cover runs through [`Client::block_on`] with the async API.
+//! Calls may be made from any thread but the client's own runtime thread,
+//! also from inside another async runtime (they block that thread, as any
+//! blocking call does there; an async caller should use [`crate::Client`]).
+//! On the client's own thread (inside a future given to
+//! [`Client::block_on`]) a call would wait for itself: it fails with
+//! [`InvalidInput`](crate::ErrorKind::InvalidInput) instead. Anything the
+//! typed methods do not cover runs through [`Client::block_on`] with the
+//! async API; such a future shares the thread that renews leases, so it
+//! must not block.
+//!
+//! Dropping the last handle of a client (itself, or its last guard) waits
+//! for the client to close: up to three request timeouts (15 s by
+//! default) when the server does not answer.
 
 use crate::error::{Error, Result};
 use crate::spi::LockStatus;
@@ -32,27 +43,70 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Runs `f` on `rt` and waits for its output on this thread. A std
-/// channel, not `Runtime::block_on`: that refuses to run inside another
-/// runtime's context, which a blocking caller may well be in.
-fn run_on<F>(rt: &tokio::runtime::Runtime, f: F) -> Result<F::Output>
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    rt.spawn(async move {
-        let _ = tx.send(f.await);
-    });
-    rx.recv()
-        .map_err(|_| Error::unavailable("the blocking client's runtime stopped mid-call"))
+std::thread_local! {
+    /// The blocking runtime this thread belongs to (0: none).
+    static RUNTIME: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Ids of blocking runtimes, from 1.
+static NEXT_RUNTIME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A blocking client's runtime: one worker thread, which knows it is one.
+struct Rt {
+    rt: tokio::runtime::Runtime,
+    id: u64,
+}
+
+impl Rt {
+    fn start() -> Result<Rt> {
+        let id = NEXT_RUNTIME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("fenced-blocking")
+            .on_thread_start(move || RUNTIME.with(|r| r.set(id)))
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Error::unavailable(format!("cannot start the blocking client's runtime: {e}"))
+                    .with_source(e)
+            })?;
+        Ok(Rt { rt, id })
+    }
+
+    /// Whether this thread is one of the runtime's own.
+    fn is_own_thread(&self) -> bool {
+        RUNTIME.with(|r| r.get()) == self.id
+    }
+
+    /// Runs `f` on the runtime and waits for its output on this thread. A
+    /// std channel, not `Runtime::block_on`: that refuses to run inside
+    /// another runtime's context, which a blocking caller may well be in.
+    fn run<F>(&self, f: F) -> Result<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        if self.is_own_thread() {
+            return Err(Error::invalid(
+                "a blocking call on the blocking client's own runtime thread (inside \
+                 Client::block_on) would wait for itself; use the async API there",
+            ));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.rt.spawn(async move {
+            let _ = tx.send(f.await);
+        });
+        // The sender goes without a value only when the future panicked.
+        rx.recv()
+            .map_err(|_| Error::unavailable("a blocking call's future panicked"))
+    }
 }
 
 /// The runtime and the async client on it; closes the client when the
 /// last handle goes.
 struct Shared {
     client: crate::Client,
-    rt: Option<tokio::runtime::Runtime>,
+    rt: Option<Rt>,
 }
 
 impl Shared {
@@ -62,7 +116,7 @@ impl Shared {
         F::Output: Send + 'static,
     {
         match &self.rt {
-            Some(rt) => run_on(rt, f),
+            Some(rt) => rt.run(f),
             None => Err(Error::unavailable("the blocking client is closed")),
         }
     }
@@ -77,14 +131,25 @@ impl Drop for Shared {
         // stops; `close` is bounded by two request timeouts.
         let client = self.client.clone();
         let limit = client.request_timeout() * 3;
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        rt.spawn(async move {
-            client.close().await;
-            let _ = tx.send(());
-        });
-        let _ = rx.recv_timeout(limit);
-        // Not `drop(rt)`, which panics inside another runtime's context.
-        rt.shutdown_background();
+        let own_thread = rt.is_own_thread();
+        let close = move || {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            rt.rt.spawn(async move {
+                client.close().await;
+                let _ = tx.send(());
+            });
+            let _ = rx.recv_timeout(limit);
+            // Not `drop(rt)`, which panics inside another runtime's context.
+            rt.rt.shutdown_background();
+        };
+        if own_thread {
+            // The last handle went on the runtime's only worker (a guard
+            // dropped inside `block_on`): waiting here would keep `close`
+            // from running, so another thread waits for it.
+            std::thread::spawn(close);
+        } else {
+            close();
+        }
     }
 }
 
@@ -119,16 +184,8 @@ impl Client {
     fn start(
         connect: impl Future<Output = Result<crate::Client>> + Send + 'static,
     ) -> Result<Client> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("fenced-blocking")
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                Error::unavailable(format!("cannot start the blocking client's runtime: {e}"))
-                    .with_source(e)
-            })?;
-        let client = run_on(&rt, connect);
+        let rt = Rt::start()?;
+        let client = rt.run(connect);
         match client {
             Ok(Ok(client)) => Ok(Client {
                 shared: Arc::new(Shared {
@@ -137,7 +194,7 @@ impl Client {
                 }),
             }),
             Ok(Err(e)) | Err(e) => {
-                rt.shutdown_background();
+                rt.rt.shutdown_background();
                 Err(e)
             }
         }
@@ -161,8 +218,10 @@ impl Client {
     /// ```
     ///
     /// # Errors
-    /// [`Unavailable`](crate::ErrorKind::Unavailable) if the runtime
-    /// stopped before the future finished (it panicked).
+    /// [`Unavailable`](crate::ErrorKind::Unavailable) if the future
+    /// panicked; [`InvalidInput`](crate::ErrorKind::InvalidInput) when
+    /// called on the client's own runtime thread (from inside another
+    /// `block_on`'s future).
     pub fn block_on<F>(&self, f: F) -> Result<F::Output>
     where
         F: Future + Send + 'static,
@@ -478,6 +537,48 @@ mod tests {
         assert!(busy);
         assert!(g.release().unwrap());
         drop(client);
+    }
+
+    /// On the client's own runtime thread a blocking call would wait for
+    /// itself: it is refused instead; and the last handle dropped there
+    /// still sends its release.
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn the_runtime_thread_is_refused_blocking_calls_and_still_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+        let client = Client::connect(&url).unwrap();
+        let inner = client.clone();
+        let refused = client
+            .block_on(async move { inner.mutex("x").unwrap().try_acquire().map(|g| g.is_some()) })
+            .unwrap();
+        let e = refused.expect_err("a blocking call on the runtime's own thread");
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidInput, "{e}");
+        // The last handle, a guard, dropped on the runtime's thread.
+        let guard = client.mutex("y").unwrap().acquire().unwrap();
+        let runner = client.clone();
+        drop(client);
+        // A task on the runtime keeps the guard a little and drops it
+        // after the runner's handle went: the last handle, on the
+        // runtime's own thread.
+        runner
+            .block_on(async move {
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    drop(guard);
+                });
+            })
+            .unwrap();
+        drop(runner);
+        let other = Client::connect(&url).unwrap();
+        let lock = other.mutex("y").unwrap();
+        // Released by the client's close on another thread, not by the
+        // lease (30 s): well within the wait.
+        assert!(
+            lock.acquire_timeout(Duration::from_secs(10))
+                .unwrap()
+                .is_some()
+        );
     }
 
     /// A fixed lease runs out and the guard says why.

@@ -107,6 +107,7 @@ impl Client {
                 holds: HoldTable::default(),
                 worker,
                 calls,
+                gates: Default::default(),
             }),
         }
     }

@@ -129,17 +129,19 @@ pub use crate::spi::types::{HolderInfo, LockStatus, Mode, Ownership};
 /// | `fenced_acquire_wait_seconds` | histogram | `backend`, `outcome` (`granted`, `busy`, `error`) | from an acquisition's call to its result |
 /// | `fenced_hold_seconds` | histogram | `backend`, `end` (`released`, `lost`) | from a grant to its release (or drop) or its lost signal |
 /// | `fenced_lost_total` | counter | `backend`, `reason` (`expired`, `taken`, `session_expired`, `closed`) | lost signals |
-/// | `fenced_renewals_total` | counter | `backend`, `result` (`renewed`, `gone`, `unknown`) | one per hold per renewal |
+/// | `fenced_renewals_total` | counter | `backend`, `result` (`renewed`, `gone`, `late`, `unknown`) | one per hold per renewal |
 /// | `fenced_renewal_margin_seconds` | histogram | `backend` | the lease a hold had left when its renewal was confirmed: renewal lag seen from the other side; near zero, holds are about to be lost |
 /// | `fenced_requests_total` | counter | `backend`, `op`, `result` (`ok`, `error`) | calls to the server: `attempt`, `renew`, `release`, `abandon`, `status`, `force_release`, `register_read`, `register_write`, … |
 /// | `fenced_request_seconds` | histogram | `backend`, `op` | their round trips |
 ///
-/// `backend` is the URL's scheme (`redis`, `postgres`, …). Without a
-/// recorder each report is a load and a branch.
+/// `backend` is the URL's scheme (`redis`, `postgres`, …); lock names are
+/// never labels. Without a recorder, a report builds its labels (a few
+/// small allocations per acquisition) and records nothing; build without
+/// the feature to drop even that.
 ///
-/// Tracing: each hold has a span, `hold` (fields `lock`, `token`, `mode`,
-/// `backend`), from its grant to its release or loss; its renewals and its
-/// lost signal are events in it.
+/// Tracing: each hold has a span at DEBUG level, `hold` (fields `lock`,
+/// `token`, `mode`, `backend`), from its grant to its release or loss; its
+/// renewals and its lost signal are events in it.
 pub mod metrics {
     /// Requests this process has sent to Redis servers on command
     /// connections, all clients together (a pipeline or a script call is

@@ -17,7 +17,7 @@ fn value(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn acquisitions_holds_requests_renewals_and_losses_are_counted() {
     // The recorder is the process's: this test has its binary to itself.
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -46,14 +46,19 @@ async fn acquisitions_holds_requests_renewals_and_losses_are_counted() {
     let g = short.acquire().await.unwrap();
     assert_eq!(g.lost().await, LostReason::Expired);
     drop(g);
-    // A renewed lease held past two of its renewals.
+    // One that runs out unnoticed and is dropped after: lost too.
+    let g = short.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(g);
+    // A renewed lease held past two of its renewals (on tokio's paused
+    // clock: the renewals come when due, however loaded the machine).
     let renewed = client
         .mutex("renewed")
         .unwrap()
         .lease(Duration::from_millis(300));
     let g = renewed.acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let held = g.is_held();
+    assert!(g.is_held(), "renewals keep it past its lease");
     drop(g);
     client.close().await;
 
@@ -62,7 +67,7 @@ async fn acquisitions_holds_requests_renewals_and_losses_are_counted() {
     let wait = "fenced_acquire_wait_seconds_count";
     assert_eq!(
         m(&format!("{wait}{{backend=\"memory\",outcome=\"granted\"}}")),
-        6.0,
+        7.0,
         "{text}"
     );
     assert_eq!(
@@ -73,34 +78,34 @@ async fn acquisitions_holds_requests_renewals_and_losses_are_counted() {
     let holds = "fenced_hold_seconds_count";
     assert_eq!(
         m(&format!("{holds}{{backend=\"memory\",end=\"released\"}}")),
-        5.0 - f64::from(!held),
+        5.0,
         "{text}"
     );
     assert_eq!(
         m(&format!("{holds}{{backend=\"memory\",end=\"lost\"}}")),
-        1.0 + f64::from(!held),
+        2.0,
         "{text}"
     );
     assert_eq!(
         m("fenced_lost_total{backend=\"memory\",reason=\"expired\"}"),
-        1.0 + f64::from(!held),
+        2.0,
         "{text}"
     );
     let attempts = "fenced_requests_total{backend=\"memory\",op=\"attempt\",result=\"ok\"}";
-    assert_eq!(m(attempts), 7.0, "{text}");
+    // At least one a grant (a try may meet a release still on its way).
+    assert!(m(attempts) >= 8.0, "{text}");
+    assert!(!text.contains("lock=\""), "lock names are never labels");
     assert!(
         m("fenced_requests_total{backend=\"memory\",op=\"release\",result=\"ok\"}") >= 4.0,
         "{text}"
     );
-    if held {
-        // Held past its lease: only renewals kept it.
-        assert!(
-            m("fenced_renewals_total{backend=\"memory\",result=\"renewed\"}") >= 1.0,
-            "{text}"
-        );
-        assert!(
-            m("fenced_renewal_margin_seconds_count{backend=\"memory\"}") >= 1.0,
-            "{text}"
-        );
-    }
+    // Held past its lease: only renewals kept it.
+    assert!(
+        m("fenced_renewals_total{backend=\"memory\",result=\"renewed\"}") >= 2.0,
+        "{text}"
+    );
+    assert!(
+        m("fenced_renewal_margin_seconds_count{backend=\"memory\"}") >= 2.0,
+        "{text}"
+    );
 }

@@ -61,6 +61,7 @@ pub const TESTS: &[&str] = &[
     "grant_cases_permits",
     "leader_killed_while_held",
     "paused_run_loses_its_session",
+    "a_thousand_waiters_of_one_client",
 ];
 
 /// The backends (modules of a test binary made by
@@ -140,6 +141,56 @@ pub async fn mutual_exclusion_tasks(fx: &Fixture) {
         .unwrap();
     assert_eq!(total, Some((CLIENTS * TASKS * ROUNDS) as i64));
     assert!(client.status(&name).await.unwrap().is_free());
+}
+
+/// A thousand tasks of one client, with the default options, wait for
+/// one lock at once (RELIABILITY.md's exhaustion case, as a web service
+/// under a burst meets it): each gets it once, never two at a time, and
+/// nothing is left held or queued. Bounded only to fail rather than hang.
+pub async fn a_thousand_waiters_of_one_client(fx: &Fixture) {
+    const WAITERS: usize = 1000;
+    let t = Timing::default();
+    let name = unique("thousand");
+    let client = fx.client().await;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let served = Arc::new(AtomicUsize::new(0));
+    // Held while the thousand line up, so that every one of them waits.
+    let first = client.mutex(&name).unwrap().acquire().await.unwrap();
+    let tasks: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let lock = client.mutex(&name).unwrap();
+            let (inside, served) = (inside.clone(), served.clone());
+            tokio::spawn(async move {
+                let g = lock.acquire().await.unwrap();
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two of the waiters inside at once"
+                );
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                served.fetch_add(1, Ordering::SeqCst);
+                assert!(g.release().await.unwrap());
+            })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    assert!(first.release().await.unwrap());
+    let all = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    if timeout(t.ms(300_000), all).await.is_err() {
+        panic!(
+            "{} of {WAITERS} waiters got the lock within the bound",
+            served.load(Ordering::SeqCst)
+        );
+    }
+    assert_eq!(served.load(Ordering::SeqCst), WAITERS);
+    let status = client.status(&name).await.unwrap();
+    assert!(status.is_free(), "{status:?}");
+    assert_eq!(status.waiters, 0, "nothing left queued: {status:?}");
 }
 
 /// A holder whose lease ran out cannot release or affect the new holder.

@@ -368,7 +368,7 @@ async fn run_inner(
                     Err(existing) => {
                         // Another task of this owner won the same lock at
                         // the same time: nest into its hold, give ours back.
-                        hold.set_released();
+                        hold.set_unused();
                         inner.send(Job::Release(hold.r.clone()));
                         existing
                     }

@@ -115,12 +115,15 @@ pub(crate) struct Hold {
     /// The hold's tracing span, from grant to release or loss; taken (and
     /// so closed) at the end, which is said once.
     span: Mutex<Option<tracing::Span>>,
+    /// The client's gate for this lock (see `core::gate`), let go when
+    /// the hold ends, so the client's next waiter may try.
+    pass: Mutex<Option<crate::core::gate::Pass>>,
 }
 
 impl Hold {
     pub(crate) fn new(g: Grant) -> Arc<Hold> {
         let deadline = believed_until(g.sent, g.r.lease);
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
             "hold",
             lock = %g.r.name,
             token = g.token,
@@ -144,7 +147,23 @@ impl Hold {
             scheme: g.scheme,
             granted: Instant::now(),
             span: Mutex::new(Some(span)),
+            pass: Mutex::new(None),
         })
+    }
+
+    /// Gives back a grant no caller was handed (another task of its owner
+    /// won the same lock at once): released, with no hold time recorded.
+    pub(crate) fn set_unused(&self) {
+        unpoisoned(&self.span).take();
+        self.set_released();
+    }
+
+    /// Keeps `pass` until the hold ends; lets it go now if it has ended.
+    pub(crate) fn keep_until_end(&self, pass: crate::core::gate::Pass) {
+        let span = unpoisoned(&self.span);
+        if span.is_some() {
+            *unpoisoned(&self.pass) = Some(pass);
+        }
     }
 
     /// The hold's span while it lasts (a disabled one after), for the
@@ -158,9 +177,14 @@ impl Hold {
     /// The hold ended (`released`, which a drop is too, or `lost`): its
     /// hold time is recorded and its span closes. Once.
     fn end(&self, how: &'static str) {
-        if unpoisoned(&self.span).take().is_some() {
+        let mut span = unpoisoned(&self.span);
+        if span.take().is_some() {
             crate::core::metrics::hold_ended(self.scheme, how, self.granted.elapsed());
         }
+        // Under the span's lock: `keep_until_end` sees the end or is seen.
+        let pass = unpoisoned(&self.pass).take();
+        drop(span);
+        drop(pass);
     }
 
     pub(crate) fn name(&self) -> &LockName {
@@ -176,6 +200,15 @@ impl Hold {
     }
 
     pub(crate) fn set_released(&self) {
+        // A hold whose lease or session ran out before anyone noticed (a
+        // fixed lease, a renewal not due yet) ends lost, not released.
+        if self.state().lost.is_none()
+            && let Some(reason) = self.ran_out()
+            && unpoisoned(&self.span).is_some()
+        {
+            crate::core::metrics::lost(self.scheme, reason);
+            self.end("lost");
+        }
         self.released.store(true, Ordering::Release);
         self.end("released");
         // Wakes the lease timer of a backend that does not end holds

@@ -1,6 +1,7 @@
 //! What the core reports through the `metrics` facade (feature
 //! `metrics`): the names and labels are listed in [`crate::metrics`].
-//! Without a recorder installed, each call is a load and a branch.
+//! Without a recorder installed, each call builds its labels (a few small
+//! allocations) and records nothing.
 
 use crate::core::hold::LostReason;
 use std::time::Duration;
@@ -56,8 +57,9 @@ pub(crate) fn lost(backend: &'static str, reason: LostReason) {
     let _ = (backend, reason);
 }
 
-/// One hold's renewal: `result` is `renewed`, `gone` or `unknown` (the
-/// call failed; retried while the lease allows). For a renewed hold,
+/// One hold's renewal: `result` is `renewed`, `gone`, `late` (confirmed
+/// after the hold's deadline had passed: it renews nothing) or `unknown`
+/// (the call failed; retried while the lease allows). For a renewed hold,
 /// `margin` is the lease it had left when the confirmation arrived: the
 /// renewal's lag, read the other way round; near zero, a slower round
 /// trip or a later tick loses the hold.

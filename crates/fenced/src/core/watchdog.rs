@@ -167,10 +167,15 @@ impl Watchdog {
         for (h, renewal) in holds.iter().zip(results) {
             match renewal {
                 Renewal::Held => {
-                    // What the hold had left as the confirmation came.
+                    // What the hold had left as the confirmation came; a
+                    // confirmation past the deadline renews nothing.
                     let margin = h.lease_left();
-                    crate::core::metrics::renewal(scheme, "renewed", Some(margin));
                     h.confirm(sent);
+                    if h.is_held() {
+                        crate::core::metrics::renewal(scheme, "renewed", Some(margin));
+                    } else {
+                        crate::core::metrics::renewal(scheme, "late", None);
+                    }
                     tracing::trace!(parent: &h.span(), lock = %h.r.name, token = h.token, "renewed");
                     self.schedule(h.clone(), sent + h.renew_interval());
                 }

@@ -76,6 +76,30 @@ async fn postgres_over_tls_checks_the_server_certificate() {
     refused(&format!("{}&mode=advisory", url(&other))).await;
 }
 
+/// `verify-full` checks the server's name, not only its CA: a certificate
+/// the right CA signed for another host is refused, which `verify-ca`
+/// accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_full_verification_checks_the_server_name() {
+    let certs = TestCerts::for_names("fenced test CA", &["db.elsewhere.example"]);
+    let server = PgServer::start_tls(&certs);
+    let url = |mode: &str| {
+        format!(
+            "{}?sslmode={mode}&sslrootcert={}",
+            server.url(),
+            certs.ca.display()
+        )
+    };
+    lock_over(&url("verify-ca")).await.close().await;
+    let e = Client::connect(&url("verify-full"))
+        .await
+        .expect_err("a certificate for another name");
+    assert!(
+        e.to_string().contains("not valid for name"),
+        "the error names the name mismatch: {e}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_over_tls_checks_the_server_certificate() {
     let (certs, other) = (
@@ -142,6 +166,20 @@ async fn a_bad_ca_option_is_refused_before_connecting() {
         ),
         (format!("redis://127.0.0.1:1?ca={ca}"), "rediss://"),
         (format!("etcd://127.0.0.1:1?ca={ca}"), "etcds://"),
+        // A CA the driver would not check against, with a mode that does
+        // not verify: refused rather than silently unchecked.
+        (
+            format!("postgres://u@127.0.0.1:1/db?sslmode=require&sslrootcert={ca}"),
+            "sslmode=verify-ca",
+        ),
+        (
+            format!("postgres://u@127.0.0.1:1/db?sslrootcert={ca}"),
+            "verify-full",
+        ),
+        (
+            format!("mysql://u@127.0.0.1:1/db?ssl-mode=REQUIRED&ssl-ca={ca}"),
+            "VERIFY_IDENTITY",
+        ),
     ] {
         let e = Client::connect(&url).await.expect_err(&url);
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{url}: {e}");

@@ -225,6 +225,13 @@ impl RedisBackend {
                 let scheme = if s == "redis" { "redis" } else { "rediss" };
                 // `ca=`: the server's certificate is checked against that
                 // authority alone; without it, against the webpki roots.
+                // redis builds its TLS configuration on the process's
+                // default crypto provider, and panics without exactly one:
+                // ring, unless the application installed one already.
+                #[cfg(feature = "tls")]
+                if s == "rediss" {
+                    let _ = rustls::crypto::ring::default_provider().install_default();
+                }
                 #[cfg(feature = "tls")]
                 let client = match ca {
                     Some(root_cert) => redis::Client::build_with_tls(

@@ -114,6 +114,31 @@ impl SqlUrl {
                 _ => kept.push((k.into_owned(), v.into_owned())),
             }
         }
+        // A CA file with a mode that does not verify would be ignored by
+        // the driver, which then accepts any certificate: refused, so that
+        // naming a CA always means it is checked against.
+        let mode = kept
+            .iter()
+            .find(|(k, _)| matches!(k.as_str(), "sslmode" | "ssl-mode" | "sslMode"))
+            .map(|(_, v)| v.to_ascii_lowercase().replace('_', "-"));
+        let verifies = mode
+            .as_deref()
+            .is_some_and(|m| matches!(m, "verify-ca" | "verify-full" | "verify-identity"));
+        if let Some((k, _)) = kept
+            .iter()
+            .find(|(k, _)| matches!(k.as_str(), "sslrootcert" | "ssl-ca" | "sslca"))
+            && !verifies
+        {
+            let modes = if engine == "PostgreSQL" {
+                "sslmode=verify-ca or sslmode=verify-full"
+            } else {
+                "ssl-mode=VERIFY_CA or ssl-mode=VERIFY_IDENTITY"
+            };
+            return Err(Error::invalid(format!(
+                "{k}= in {label:?} is checked only with {modes}: without one the server's \
+                 certificate is not verified at all; add one"
+            )));
+        }
         // A URL that asks for TLS in a build without it fails here, not
         // at the first connection with the driver's words for it.
         #[cfg(not(feature = "tls"))]
