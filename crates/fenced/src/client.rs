@@ -107,7 +107,6 @@ impl Client {
                 holds: HoldTable::default(),
                 worker,
                 calls,
-                gates: Default::default(),
             }),
         }
     }

@@ -168,37 +168,7 @@ impl Lock {
                 .map(|o| o.id().to_owned()),
         };
         let started = Instant::now();
-        // Tasks of this client wanting one exclusive lock line up here, so
-        // that one of them at a time asks the server (see `core::gate`).
-        let gated = req.owner.is_none() && self.mode == Mode::Exclusive;
-        let pass = if gated {
-            let (try_once, until) = match wait {
-                Wait::No => (true, None),
-                Wait::Until(t) => (false, t),
-            };
-            match engine
-                .gates
-                .pass(self.name.as_str(), self.rw, try_once, until)
-                .await
-            {
-                Some(p) => Some(p),
-                None => {
-                    crate::core::metrics::acquired(
-                        engine.backend.scheme(),
-                        "busy",
-                        started.elapsed(),
-                    );
-                    return Ok(None);
-                }
-            }
-        } else {
-            None
-        };
         let hold = acquire::run(engine, req, wait).await;
-        if let (Ok(Some(h)), Some(pass)) = (&hold, pass) {
-            // Kept until the hold ends; dropped with it otherwise.
-            h.keep_until_end(pass);
-        }
         let outcome = match &hold {
             Ok(Some(_)) => "granted",
             Ok(None) => "busy",

@@ -27,8 +27,6 @@ pub(crate) struct Engine {
     /// Slots for server calls in the background: acquisition tries and the
     /// worker's jobs (see `worker::MAX_CALLS`).
     pub(crate) calls: Arc<tokio::sync::Semaphore>,
-    /// Where this client's acquisitions of one exclusive lock line up.
-    pub(crate) gates: crate::core::gate::Gates,
 }
 
 /// Sends a release to the worker unless disarmed: what makes an

@@ -115,9 +115,6 @@ pub(crate) struct Hold {
     /// The hold's tracing span, from grant to release or loss; taken (and
     /// so closed) at the end, which is said once.
     span: Mutex<Option<tracing::Span>>,
-    /// The client's gate for this lock (see `core::gate`), let go when
-    /// the hold ends, so the client's next waiter may try.
-    pass: Mutex<Option<crate::core::gate::Pass>>,
 }
 
 impl Hold {
@@ -147,7 +144,6 @@ impl Hold {
             scheme: g.scheme,
             granted: Instant::now(),
             span: Mutex::new(Some(span)),
-            pass: Mutex::new(None),
         })
     }
 
@@ -156,14 +152,6 @@ impl Hold {
     pub(crate) fn set_unused(&self) {
         unpoisoned(&self.span).take();
         self.set_released();
-    }
-
-    /// Keeps `pass` until the hold ends; lets it go now if it has ended.
-    pub(crate) fn keep_until_end(&self, pass: crate::core::gate::Pass) {
-        let span = unpoisoned(&self.span);
-        if span.is_some() {
-            *unpoisoned(&self.pass) = Some(pass);
-        }
     }
 
     /// The hold's span while it lasts (a disabled one after), for the
@@ -177,14 +165,9 @@ impl Hold {
     /// The hold ended (`released`, which a drop is too, or `lost`): its
     /// hold time is recorded and its span closes. Once.
     fn end(&self, how: &'static str) {
-        let mut span = unpoisoned(&self.span);
-        if span.take().is_some() {
+        if unpoisoned(&self.span).take().is_some() {
             crate::core::metrics::hold_ended(self.scheme, how, self.granted.elapsed());
         }
-        // Under the span's lock: `keep_until_end` sees the end or is seen.
-        let pass = unpoisoned(&self.pass).take();
-        drop(span);
-        drop(pass);
     }
 
     pub(crate) fn name(&self) -> &LockName {

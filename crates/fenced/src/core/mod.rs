@@ -2,7 +2,6 @@
 
 pub(crate) mod acquire;
 pub(crate) mod engine;
-pub(crate) mod gate;
 pub(crate) mod hold;
 pub(crate) mod metrics;
 pub(crate) mod retry;
