@@ -162,10 +162,14 @@ impl Hold {
             .unwrap_or_else(tracing::Span::none)
     }
 
-    /// The hold ended (`released`, which a drop is too, or `lost`): its
-    /// hold time is recorded and its span closes. Once.
-    fn end(&self, how: &'static str) {
+    /// The hold ended, released (a drop is too) or lost for `lost`: its
+    /// hold time (and loss) is recorded and its span closes. Once.
+    fn end(&self, lost: Option<LostReason>) {
         if unpoisoned(&self.span).take().is_some() {
+            if let Some(reason) = lost {
+                crate::core::metrics::lost(self.scheme, reason);
+            }
+            let how = if lost.is_some() { "lost" } else { "released" };
             crate::core::metrics::hold_ended(self.scheme, how, self.granted.elapsed());
         }
     }
@@ -185,15 +189,8 @@ impl Hold {
     pub(crate) fn set_released(&self) {
         // A hold whose lease or session ran out before anyone noticed (a
         // fixed lease, a renewal not due yet) ends lost, not released.
-        if self.state().lost.is_none()
-            && let Some(reason) = self.ran_out()
-            && unpoisoned(&self.span).is_some()
-        {
-            crate::core::metrics::lost(self.scheme, reason);
-            self.end("lost");
-        }
+        self.end(self.ran_out());
         self.released.store(true, Ordering::Release);
-        self.end("released");
         // Wakes the lease timer of a backend that does not end holds
         // itself (see `end_unrenewed`), which then has nothing left to do.
         self.state.send_modify(|_| {});
@@ -269,8 +266,7 @@ impl Hold {
         // now) sees the loss and leaves the giving back to this job.
         if fired {
             tracing::warn!(parent: &self.span(), lock = %self.r.name, token = self.token, %reason, "lock lost");
-            crate::core::metrics::lost(self.scheme, reason);
-            self.end("lost");
+            self.end(Some(reason));
             let _ = self.worker.send(Job::Release(self.r.clone()));
         }
     }

@@ -157,7 +157,7 @@ impl Endpoints {
     /// (`tls`: its scheme is `tls_scheme`) trusts instead of the webpki
     /// roots, and reads them; a `ca=` on a URL without TLS is refused, as it
     /// would change nothing.
-    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
     pub(crate) fn take_ca(&mut self, tls: bool, tls_scheme: &str) -> Result<Option<Vec<u8>>> {
         let Some(path) = self.take("ca") else {
             return Ok(None);
