@@ -865,6 +865,23 @@ pub(crate) async fn torture(
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
+        // A fault that takes a while to put in place (a server's
+        // connection limit or a disk filled) starts once it is: workers go
+        // on freely while the filler works, and counting that time into the
+        // fault's window let a full server pass for one that shut nobody
+        // out (a loaded CI machine filled PostgreSQL's limit in seconds).
+        let in_place = match f {
+            Fault::Exhaust => Some(
+                on_servers(&mut running, move |r| r.fault(f))
+                    .await?
+                    .map_err(anyhow::Error::msg)?,
+            ),
+            Fault::Disk => {
+                let r = running.as_mut().expect("checked above");
+                Some(r.fault(f).map_err(anyhow::Error::msg)?)
+            }
+            _ => None,
+        };
         let at = (mono_ns() - start) / 1_000_000;
         run.driver_event(Kind::FaultStart {
             fault: f,
@@ -946,9 +963,7 @@ pub(crate) async fn torture(
                 )
             }
             (Fault::Exhaust, _) => {
-                let what = on_servers(&mut running, move |r| r.fault(f))
-                    .await?
-                    .map_err(anyhow::Error::msg)?;
+                let what = in_place.unwrap_or_default();
                 // Each worker must connect again, to a full server: its
                 // connections reset, and its reconnects held back a moment
                 // while the hoard takes the slots they freed, as a
@@ -990,7 +1005,10 @@ pub(crate) async fn torture(
             // thread ends when idle.
             (_, _) => {
                 let r = running.as_mut().expect("checked above");
-                let what = r.fault(f).map_err(anyhow::Error::msg)?;
+                let what = match in_place {
+                    Some(what) => what,
+                    None => r.fault(f).map_err(anyhow::Error::msg)?,
+                };
                 let down = outage(f, free_after);
                 tokio::time::sleep(down).await;
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.heal())).map_err(
