@@ -134,12 +134,9 @@ macro_rules! conformance_suite {
             multilock_is_all_or_nothing, multilock_retakes_a_lock_lost_while_waiting,
             striped_segments_are_independent,
             bad_input_is_refused, leader_election_hands_over, cancelled_acquires_leave_nothing,
-            cancellation_storm_leaves_the_lock_usable, grant_cases_mutex
+            cancellation_storm_leaves_the_lock_usable, grant_cases_mutex,
+            a_thousand_waiters_of_one_client, waiters_of_one_client_outlast_leaked_holds
         ]);
-        $crate::conformance_suite!(@known "a known defect, open in issue 21: each release wakes every \
-            waiting task of a client, and each tries the server again; a thousand waiters took 62 s \
-            on PostgreSQL and more than 300 s on MariaDB's lease table and etcd (Redis: 1.4 s). \
-            Run it with --run-ignored", $fixture, [a_thousand_waiters_of_one_client]);
     };
     (@group rw, $fixture:expr) => {
         $crate::conformance_suite!(@tests $fixture, [
@@ -169,13 +166,17 @@ macro_rules! conformance_suite {
         ]);
     };
     (@group fair, $fixture:expr) => {
-        $crate::conformance_suite!(@tests $fixture, [fair_mode_is_fifo, cancelled_wait_leaves_nothing]);
+        $crate::conformance_suite!(@tests $fixture, [
+            fair_mode_is_fifo, fair_waiters_of_one_client_keep_their_places,
+            cancelled_wait_leaves_nothing
+        ]);
         $crate::conformance_suite!(@skipped "this backend has fair mode", [fair_mode_is_refused]);
     };
     (@group no_fair, $fixture:expr) => {
         $crate::conformance_suite!(@tests $fixture, [fair_mode_is_refused]);
         $crate::conformance_suite!(@skipped "no fair mode on this backend (fair_mode_is_refused checks the refusal)", [
-            fair_mode_is_fifo, cancelled_wait_leaves_nothing
+            fair_mode_is_fifo, fair_waiters_of_one_client_keep_their_places,
+            cancelled_wait_leaves_nothing
         ]);
     };
     (@in processes, $($then:tt)*) => {
@@ -206,18 +207,6 @@ macro_rules! conformance_suite {
     };
     (@group $group:ident, $fixture:expr) => {
         $crate::conformance_suite!(@in $group, @tests ($fixture),);
-    };
-    (@known $why:literal, $fixture:expr, [$($test:ident),* $(,)?]) => {
-        $(
-            // A real test that shows a known defect: ignored, with the
-            // defect as its reason, and run by hand with --run-ignored.
-            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            #[ignore = $why]
-            async fn $test() {
-                let fixture = $fixture;
-                $crate::conformance::$test(&fixture).await;
-            }
-        )*
     };
     (@skipped $why:literal, [$($test:ident),* $(,)?]) => {
         $(

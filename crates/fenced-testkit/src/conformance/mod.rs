@@ -29,6 +29,7 @@ pub const TESTS: &[&str] = &[
     "close_tells_live_guards",
     "cancelled_wait_leaves_nothing",
     "fair_mode_is_fifo",
+    "fair_waiters_of_one_client_keep_their_places",
     "fair_mode_is_refused",
     "shared_modes_are_refused",
     "leader_election_hands_over",
@@ -62,6 +63,7 @@ pub const TESTS: &[&str] = &[
     "leader_killed_while_held",
     "paused_run_loses_its_session",
     "a_thousand_waiters_of_one_client",
+    "waiters_of_one_client_outlast_leaked_holds",
 ];
 
 /// The backends (modules of a test binary made by
@@ -191,6 +193,55 @@ pub async fn a_thousand_waiters_of_one_client(fx: &Fixture) {
     let status = client.status(&name).await.unwrap();
     assert!(status.is_free(), "{status:?}");
     assert_eq!(status.waiters, 0, "nothing left queued: {status:?}");
+}
+
+/// Tasks of one client wait behind holds that are never released (their
+/// guards leaked, as a task that hangs leaves them), each on a fixed
+/// lease: each lease that runs out lets the next task in with no release
+/// to wake anyone, one at a time, tokens rising. A client wakes one of its
+/// waiters at a time, so this is where a waiter that nobody calls would
+/// stall. Bounded only to fail rather than hang.
+pub async fn waiters_of_one_client_outlast_leaked_holds(fx: &Fixture) {
+    const WAITERS: usize = 5;
+    let t = Timing::default();
+    let name = unique("leaked");
+    let client = fx.client().await;
+    let lease = t.ms(300);
+    let first = crate::hold(&client, &name, fenced::Lease::Fixed(lease)).await;
+    let granted = Arc::new(std::sync::Mutex::new(vec![first]));
+    let tasks: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let lock = client.mutex(&name).unwrap().fixed_lease(lease);
+            let granted = granted.clone();
+            tokio::spawn(async move {
+                let g = lock.acquire().await.unwrap();
+                let mut granted = granted.lock().unwrap();
+                let last = granted.last().expect("the first hold");
+                assert!(
+                    g.fencing_token() > last.fencing_token(),
+                    "tokens rise from one leaked hold to the next"
+                );
+                assert!(
+                    granted.iter().all(|h| !h.is_held()),
+                    "granted while an earlier hold was still believed"
+                );
+                // Kept, never released: only its lease frees the lock.
+                granted.push(g);
+            })
+        })
+        .collect();
+    let all = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    if timeout(t.ms(60_000), all).await.is_err() {
+        panic!(
+            "{} of {WAITERS} waiters got the lock within the bound",
+            granted.lock().unwrap().len() - 1
+        );
+    }
+    assert_eq!(granted.lock().unwrap().len(), WAITERS + 1);
 }
 
 /// A holder whose lease ran out cannot release or affect the new holder.
@@ -622,6 +673,58 @@ pub async fn fair_mode_is_fifo(fx: &Fixture) {
         t.wait_until(&format!("waiter {i} never queued"), queued)
             .await;
     }
+    assert!(g.release().await.unwrap());
+    for w in waiters {
+        timeout(t.eventually(), w)
+            .await
+            .expect("every fair waiter gets its turn")
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+}
+
+/// Fair waiters keep their places in line through a long wait, three
+/// tasks of one client and two of another: a client wakes one of its
+/// waiters at a time, and a queue place that lives on a lease (a lease
+/// table's, Redis's: 10 s after its waiter last asked) must not run out
+/// for the tasks that are not woken, or they would lose their turn to
+/// the other client's.
+pub async fn fair_waiters_of_one_client_keep_their_places(fx: &Fixture) {
+    let t = Timing::default();
+    let name = unique("places");
+    let holder = fx.client().await;
+    let g = holder
+        .mutex(&name)
+        .unwrap()
+        .fair(true)
+        .acquire()
+        .await
+        .unwrap();
+    let (one, other) = (fx.client().await, fx.client().await);
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        let order = order.clone();
+        let lock = if i < 3 { &one } else { &other }
+            .mutex(&name)
+            .unwrap()
+            .fair(true);
+        waiters.push(tokio::spawn(async move {
+            let g = lock.acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+        let queued = async || holder.status(&name).await.unwrap().waiters > i;
+        t.wait_until(&format!("waiter {i} never queued"), queued)
+            .await;
+    }
+    // Longer than a queue place lives unless its waiter asks again.
+    tokio::time::sleep(t.ms(13_000)).await;
+    assert_eq!(
+        holder.status(&name).await.unwrap().waiters,
+        5,
+        "every place kept"
+    );
     assert!(g.release().await.unwrap());
     for w in waiters {
         timeout(t.eventually(), w)

@@ -8,6 +8,8 @@ use crate::core::retry::RetryPolicy;
 use crate::core::worker::Job;
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use crate::spi::lease::QUEUE_TTL;
+use crate::spi::wake::Wake;
 use crate::spi::{Attempt, Backend, Mode, Outcome, Reply};
 use std::future::Future;
 use std::sync::Arc;
@@ -256,9 +258,19 @@ async fn run_inner(
         will_wait: !matches!(wait, Wait::No),
         ticket: None,
     };
+    // Who can use a release decides who is woken for it (see `spi::wake`).
+    let wake = match req.mode {
+        Mode::Shared => Wake::Every,
+        _ if reentrant => Wake::Every,
+        Mode::Exclusive => Wake::One { chain: false },
+        // One permit fits wherever one came free; a larger take may not,
+        // and must not keep the call from one that would.
+        Mode::Permits { take: 1, .. } => Wake::One { chain: true },
+        Mode::Permits { .. } => Wake::Every,
+    };
     let mut interest = attempt
         .will_wait
-        .then(|| inner.wakeups.interest(req.name.as_str()));
+        .then(|| inner.wakeups.interest(req.name.as_str(), wake));
     let mut cleanup = Cleanup {
         inner,
         attempt: None,
@@ -287,12 +299,12 @@ async fn run_inner(
             );
             return Ok(Some(hold));
         }
-        let seen = interest.as_ref().map(|i| i.version());
+        let seen = interest.as_ref().map(|i| i.begin());
         // The lease counts from here: a retry that finds the grant of an
         // earlier try whose reply was lost gets that grant, whose lease
         // began then.
         let sent = Instant::now();
-        let outcome = attempt_with_retry(
+        let outcome = match attempt_with_retry(
             req.retry,
             deadline,
             timeout,
@@ -300,7 +312,16 @@ async fn run_inner(
             &attempt,
             &mut cleanup,
         )
-        .await?;
+        .await
+        {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                if let Some(i) = interest.take() {
+                    i.failed();
+                }
+                return Err(e);
+            }
+        };
         match outcome {
             Outcome::Granted { token, session } => {
                 let hold = Hold::new(Grant {
@@ -352,6 +373,9 @@ async fn run_inner(
                     return Err(closed_error(req.name));
                 }
                 cleanup.disarm();
+                if let Some(i) = interest.take() {
+                    i.granted();
+                }
                 let renewed = req.renewed;
                 let waited = waiting_since.map(|t: Instant| t.elapsed());
                 return Ok(Some(match inner.holds.insert(hold.clone()) {
@@ -428,16 +452,38 @@ async fn run_inner(
                     tracing::debug!(ticket = ?blocked.ticket, "waiting");
                     waiting_since = Some(now);
                 }
+                // A backend that says "at once" saw this waiter's own place
+                // change (its queue entry gone): it looks again whether it
+                // leads or not.
+                let own = blocked.retry_after == Some(Duration::ZERO);
+                // A queue place that ends unless its waiter attempts again
+                // is kept by attempting, leader or not.
+                let keep_place = attempt.ticket.is_some() && backend.places_expire();
                 let fallback = blocked
                     .retry_after
                     .unwrap_or(MAX_FALLBACK)
                     .clamp(Duration::from_millis(1), MAX_FALLBACK);
-                let until = deadline.map_or(now + fallback, |d| d.min(now + fallback));
-                tokio::select! {
-                    // Biased: one order of branches, so a seed replays the same.
-                    biased;
-                    _ = interest.changed_since(seen) => {}
-                    _ = tokio::time::sleep_until(until) => {}
+                let mut until = now + fallback;
+                loop {
+                    let wake = deadline.map_or(until, |d| d.min(until));
+                    tokio::select! {
+                        // Biased: one order of branches, so a seed replays the same.
+                        biased;
+                        _ = interest.changed_since(seen) => break,
+                        _ = tokio::time::sleep_until(wake) => {}
+                    }
+                    // With no notification, only the leader of this
+                    // client's waiters asks the server again (the others
+                    // would ask what it just asked), and each at its own
+                    // deadline.
+                    if own
+                        || deadline.is_some_and(|d| d <= wake)
+                        || (keep_place && wake >= sent + QUEUE_TTL / 3)
+                        || interest.leads()
+                    {
+                        break;
+                    }
+                    until = wake + MAX_FALLBACK;
                 }
             }
         }

@@ -43,6 +43,9 @@ pub(super) struct Record {
     /// Acquisitions in progress, and when recent ones ended.
     pub(super) waiting: usize,
     pub(super) ended: Vec<Duration>,
+    /// Tasks in a blocking acquisition now: since when, and the locks it
+    /// waits for (a bit per lock).
+    pub(super) blocked: std::collections::BTreeMap<usize, (Duration, u8)>,
     pub(super) lost: usize,
     pub(super) cancelled: usize,
 }

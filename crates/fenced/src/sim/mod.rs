@@ -92,6 +92,10 @@ struct Plan {
     keeping: Keeping,
     /// `None`: the default lease.
     lease: Option<Duration>,
+    /// The lease is fixed (never renewed): holds that work past it end on
+    /// the server, and a task that keeps its guard after its lost signal
+    /// releases nothing that wakes the waiters.
+    fixed: bool,
     fair: bool,
     /// Whether tasks also take both locks at once (MultiLock) and the
     /// second alone.
@@ -116,6 +120,8 @@ impl Plan {
             }
         };
         let lease = (r.u8(0..4) == 0).then(|| Duration::from_secs(r.u64(2..=40)));
+        // A draw of its own, so that the other draws stay as they were.
+        let fixed = lease.is_some() && fastrand::Rng::with_seed(seed.rotate_left(17)).bool();
         let clients = r.usize(1..=3);
         let run_for = Duration::from_secs(r.u64(30..=120));
         let mut faults = Vec::new();
@@ -150,6 +156,7 @@ impl Plan {
             seed,
             keeping,
             lease,
+            fixed,
             fair: r.bool(),
             multi: r.bool(),
             clients,
@@ -249,6 +256,7 @@ async fn simulate(plan: Plan) -> Record {
             let lock = |name: &str| {
                 let lock = client.mutex(name).expect("a mutex").fair(plan.fair);
                 match plan.lease {
+                    Some(l) if plan.fixed => lock.fixed_lease(l),
                     Some(l) => lock.lease(l),
                     None => lock,
                 }
@@ -273,8 +281,14 @@ async fn simulate(plan: Plan) -> Record {
         log.clone(),
         start,
         lease,
+        plan.fixed,
     ));
     let watch = tokio::spawn(watch_places(
+        world.clone(),
+        log.clone(),
+        plan.faults.clone(),
+    ));
+    let stalls = tokio::spawn(watch_stalls(
         world.clone(),
         log.clone(),
         plan.faults.clone(),
@@ -287,6 +301,7 @@ async fn simulate(plan: Plan) -> Record {
     tokio::time::sleep_until(stop).await;
     faults.abort();
     watch.abort();
+    stalls.abort();
     world.heal();
     log.note("sim", "every fault healed");
     let settle = lease.max(crate::spi::lease::QUEUE_TTL) + Duration::from_secs(5);
@@ -367,6 +382,7 @@ async fn inject(
     log: Arc<Log>,
     start: Instant,
     lease: Duration,
+    fixed: bool,
 ) {
     let names = lock_names();
     // How long a holder whose hold the server dropped may go on believing
@@ -376,9 +392,6 @@ async fn inject(
         Keeping::Session { ttl } => ttl / 3,
         Keeping::Lease => Duration::ZERO,
     };
-    let tell = (lease / 3).max(session)
-        + crate::spi::backend::DEFAULT_TIMEOUT * 2
-        + Duration::from_secs(1);
     // Where another fault keeps the holder from hearing of it (a cut, a
     // pause, lost messages), all that bounds its belief is its lease, or
     // its session, as last confirmed before the kill.
@@ -386,6 +399,17 @@ async fn inject(
         Keeping::Session { ttl } => lease.min(ttl),
         Keeping::Lease => lease,
     } + Duration::from_secs(1);
+    let tell = match world.keeping {
+        // A fixed lease is never renewed: nothing asks the server whether
+        // it still keeps the hold, and the lease alone bounds the belief
+        // (the fencing token is what guards the resource then).
+        Keeping::Lease if fixed => hard,
+        _ => {
+            (lease / 3).max(session)
+                + crate::spi::backend::DEFAULT_TIMEOUT * 2
+                + Duration::from_secs(1)
+        }
+    };
     let plan = faults.clone();
     let within = |at: Duration, tight: Duration| {
         let muffled = plan
@@ -456,15 +480,8 @@ async fn watch_places(world: Arc<World>, log: Arc<Log>, faults: Vec<(Duration, F
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let now = log.now();
-        // Since the last fault ended, by the plan (a sample could miss a
-        // short one), and by what acts now.
-        let last = faults
-            .iter()
-            .filter(|(at, _)| *at <= now)
-            .map(|&(at, f)| at + f.lasts())
-            .max()
-            .unwrap_or_default();
-        let quiet = now.saturating_sub(last);
+        // Since the last fault ended, by the plan, and by what acts now.
+        let quiet = now.saturating_sub(last_fault_end(&faults, now));
         if !world.is_whole() || quiet < quiet_enough {
             continue;
         }
@@ -482,6 +499,60 @@ async fn watch_places(world: Arc<World>, log: Arc<Log>, faults: Vec<(Duration, F
                 "{places} queue places with {waiting} waits in progress and {recent} \
                  just ended, the server whole for {quiet:?}: a wait's place outlived it"
             ));
+        }
+    }
+}
+
+/// The end of the last fault that began by `now`, by the plan (a sample
+/// could miss a short one).
+fn last_fault_end(faults: &[(Duration, Fault)], now: Duration) -> Duration {
+    faults
+        .iter()
+        .filter(|(at, _)| *at <= now)
+        .map(|&(at, f)| at + f.lasts())
+        .max()
+        .unwrap_or_default()
+}
+
+/// Liveness: while the server has been whole long enough for every
+/// client to be past its retries, no lock a task waits for may stay free
+/// on the server for longer than a fallback period and a second, when the
+/// task began to wait before it was free (a lease that ran out, with no
+/// release to wake anyone, is noticed by then). A client wakes one of its
+/// waiters at a time, so this is where a waiter that nobody calls and
+/// that does not lead would show. Looks four times a second.
+async fn watch_stalls(world: Arc<World>, log: Arc<Log>, faults: Vec<(Duration, Fault)>) {
+    let names = lock_names();
+    let quiet_enough = Duration::from_secs(15);
+    let bound = crate::core::acquire::MAX_FALLBACK + Duration::from_secs(1);
+    // Per lock: since when it has been free, in a quiet time.
+    let mut free_since: Vec<Option<Duration>> = vec![None; names.len()];
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = log.now();
+        let quiet =
+            world.is_whole() && now.saturating_sub(last_fault_end(&faults, now)) >= quiet_enough;
+        for (i, n) in names.iter().enumerate() {
+            let free = quiet && world.truth(n).await.is_ok_and(|s| s.holders.is_empty());
+            free_since[i] = free.then(|| free_since[i].unwrap_or(now));
+        }
+        let stuck = log.with(|r| {
+            r.blocked.iter().find_map(|(id, (t, locks))| {
+                let mut since = Duration::ZERO;
+                for (i, f) in free_since.iter().enumerate() {
+                    if locks & (1 << i) != 0 {
+                        since = since.max((*f)?);
+                    }
+                }
+                (*t < since && now - since > bound).then_some((*id, *t, since))
+            })
+        });
+        if let Some((id, t, since)) = stuck {
+            log.breach(format!(
+                "t{id} has waited since {t:?} for what has been free on the whole server \
+                 since {since:?}"
+            ));
+            free_since.iter_mut().for_each(|f| *f = None);
         }
     }
 }
@@ -592,6 +663,8 @@ async fn contend(
     log: Arc<Log>,
 ) {
     let who = format!("t{id}");
+    // Draws of its own for what came later, so that the others stay.
+    let mut later = fastrand::Rng::with_seed(r.get_seed().rotate_left(29));
     let lease = match &wants[0] {
         Want::One(_, m) => m.as_lock().options().lease.duration(),
         Want::Both(_) => unreachable!("the first want is one lock"),
@@ -604,8 +677,19 @@ async fn contend(
             log.note(&who, "drops its acquire");
             Ok(None)
         };
-        log.with(|r| r.waiting += 1);
-        let got = match r.u8(0..5) {
+        let kind = r.u8(0..5);
+        let since = log.now();
+        let locks = match lock {
+            Want::One(i, _) => 1u8 << i,
+            Want::Both(_) => 0b11,
+        };
+        log.with(|r| {
+            r.waiting += 1;
+            if kind > 0 {
+                r.blocked.insert(id, (since, locks));
+            }
+        });
+        let got = match kind {
             0 => lock.try_acquire().await,
             1 => lock.acquire_timeout(patience).await,
             2 => match tokio::time::timeout(patience, lock.acquire()).await {
@@ -626,6 +710,7 @@ async fn contend(
         log.with(|r| {
             r.waiting -= 1;
             r.ended.push(now);
+            r.blocked.remove(&id);
         });
         match got {
             Ok(Some(g)) => {
@@ -660,11 +745,19 @@ async fn contend(
                     Duration::from_secs(2)
                 };
                 let work = Duration::from_millis(r.u64(0..=longest.as_millis() as u64));
+                let worked = tokio::time::Instant::now() + work;
                 tokio::select! {
                     biased;
                     why = g.lost() => {
                         log.with(|r| r.lost += 1);
                         end(holding, &format!("lost ({why})"));
+                        // Now and then the task keeps its dead guard until
+                        // its work is done: its release then finds nothing
+                        // and wakes no one, and the waiters must notice the
+                        // free lock on their own.
+                        if later.bool() {
+                            tokio::time::sleep_until(worked).await;
+                        }
                         drop(g);
                     }
                     _ = tokio::time::sleep(work) => match r.u8(0..3) {

@@ -76,6 +76,15 @@ pub(crate) trait LockBackend: Send + Sync + 'static {
         true
     }
 
+    /// Whether a waiter's queue place (its ticket) ends unless the waiter
+    /// attempts again within [`QUEUE_TTL`](crate::spi::lease::QUEUE_TTL)
+    /// (a lease table's queue, Redis's); `false` where places live as long
+    /// as the client's session (a ZooKeeper node, an etcd key). The core
+    /// keeps a waiter's place by attempting before it ends.
+    fn places_expire(&self) -> bool {
+        true
+    }
+
     /// Extends each hold's lease; one [`Renewal`] per hold, in order.
     fn renew<'a>(&'a self, holds: &'a [HoldRef]) -> Reply<'a, Vec<Renewal>>;
 

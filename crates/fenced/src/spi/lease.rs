@@ -15,9 +15,10 @@ pub(crate) fn jitter(d: Duration) -> Duration {
     d.mul_f64(0.75 + fastrand::f64() * 0.5)
 }
 
-/// How long a fair waiter's queue place outlives its last attempt. Waiters
-/// attempt at least every `MAX_FALLBACK` (core), so a live waiter never loses its
-/// place; a dead one (killed, paused) stops blocking the queue after this.
+/// How long a fair waiter's queue place outlives its last attempt. A waiter
+/// with a place attempts at least every third of this (core), so a live
+/// waiter never loses its place; a dead one (killed, paused) stops
+/// blocking the queue after this.
 pub(crate) const QUEUE_TTL: Duration = Duration::from_secs(10);
 
 /// Until when a grant or renewal sent at `sent` for `lease` is believed:

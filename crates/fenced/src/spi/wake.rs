@@ -6,23 +6,59 @@
 //! Waiters read the name's version before they attempt and wait for it to
 //! change, so a wake-up that lands between the attempt and the wait is never
 //! missed. Each waiter has its own version, so a backend that knows who
-//! is next in a wait queue (Redis publishes the head's ticket) wakes that
-//! waiter alone with [`Wakeups::wake_ticket`]. A waiter whose attempt is
-//! still on its way when such a message comes does not know its ticket
-//! yet: the slot remembers the tickets it heard, and the waiter wakes when
-//! it learns its ticket only if that ticket was among them.
+//! is next in a wait queue (Redis publishes the head's ticket, a ZooKeeper
+//! or etcd waiter watches its own predecessor) wakes that waiter alone with
+//! [`Wakeups::wake_ticket`]. A waiter whose attempt is still on its way
+//! when such a message comes does not know its ticket yet: the slot
+//! remembers the tickets it heard, and the waiter wakes when it learns its
+//! ticket only if that ticket was among them.
+//!
+//! A release that only one waiter can use (a mutex's, a write lock's, a
+//! permit's) wakes one of a client's waiters, not all: a thousand tasks of
+//! one client waiting for one lock otherwise all asked the server at each
+//! release, and hand-overs slowed with the crowd (MariaDB's lease table
+//! did not serve a thousand in 300 s). The one woken is *called*: until
+//! it begins its next attempt, later wake-ups need no one else, since
+//! that attempt already comes after them; if it goes away first, the call
+//! passes to the next. Only the waiter that [leads](Interest::leads) (the
+//! lowest ticket, else the longest waiting) looks again on its own when
+//! no notification comes. A waiter whose task has not been polled for
+//! [`UNHEARD`] (its future parked in a `select!` that serves something
+//! else, its thread blocked) neither leads nor keeps a call: the next
+//! one does. Readers, and tasks of a named owner that may nest into its
+//! hold, are woken at every wake-up.
 
 use crate::spi::Ticket;
 use crate::spi::sync::{Seen, Watch, unpoisoned};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long a waiter may go unpolled and still lead or keep a call: three
+/// of the acquire loop's fallback periods (a polled waiter shows itself at
+/// least once a period).
+pub(crate) const UNHEARD: Duration = Duration::from_secs(3 * 2);
 
 #[derive(Default)]
 pub(crate) struct Wakeups {
     /// Ordered, so that waking every name goes the same way every time
-    /// (the simulation replays a seed only if it does).
+    /// (the simulation replays a seed only if it does). Each name's
+    /// waiters in the order they began to wait.
     names: Mutex<BTreeMap<Arc<str>, Vec<Arc<Slot>>>>,
+}
+
+/// Who can use a release, and so which waiters it wakes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// Any number may get in at once (readers after a writer), or the
+    /// waiter may nest into a hold its named owner won: woken every time.
+    Every,
+    /// One gets in (an exclusive hold), or a few (permits): woken one at
+    /// a time. With `chain`, one that gets in passes the call on, since
+    /// more permits may be free.
+    One { chain: bool },
 }
 
 /// One waiter: its own version, and the queue ticket it waits with
@@ -31,6 +67,13 @@ pub(crate) struct Wakeups {
 struct Slot {
     tx: Watch<u64>,
     ticket: AtomicI64,
+    wake: Wake,
+    /// Woken as the one to look (see [`Wake::One`]) and not yet begun its
+    /// next attempt. Changed under the names lock.
+    called: AtomicBool,
+    /// When its task last showed it was polled (an attempt begun, a
+    /// fallback period over). Changed under the names lock.
+    heard_from: Mutex<Instant>,
     /// Head tickets announced while `ticket` was 0. Both are changed under
     /// this lock, so a message is either heard here or matched against
     /// the ticket, never neither.
@@ -55,31 +98,118 @@ impl Slot {
     fn heard(&self) -> std::sync::MutexGuard<'_, Heard> {
         unpoisoned(&self.heard)
     }
+
+    fn is_one(&self) -> bool {
+        matches!(self.wake, Wake::One { .. })
+    }
+
+    /// Its place among the one-at-a-time waiters: the lowest queue ticket
+    /// first (the client's head of a fair queue), then the longest waiting.
+    fn rank(&self, i: usize) -> (i64, usize) {
+        let t = self.ticket.load(Ordering::Acquire);
+        (if t > 0 { t } else { i64::MAX }, i)
+    }
+
+    fn call(&self) {
+        self.called.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    /// Its task is being polled now.
+    fn polled(&self, now: Instant) {
+        *unpoisoned(&self.heard_from) = now;
+    }
+
+    /// Whether its task was polled lately (see [`UNHEARD`]).
+    fn live(&self, now: Instant) -> bool {
+        now.saturating_duration_since(*unpoisoned(&self.heard_from)) <= UNHEARD
+    }
+}
+
+/// The one-at-a-time waiter among `slots` that leads: the one called when
+/// a release comes, and the one that looks again when none does. Live
+/// waiters first: one whose task is not polled would hold up the rest.
+fn leader(slots: &[Arc<Slot>]) -> Option<&Arc<Slot>> {
+    let now = Instant::now();
+    slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.is_one())
+        .min_by_key(|(i, s)| (!s.live(now), s.rank(*i)))
+        .map(|(_, s)| s)
+}
+
+/// Makes sure one of the one-at-a-time waiters among `slots` attempts
+/// after now: a live one already called and not yet begun does; else the
+/// leader is called.
+fn call_one(slots: &[Arc<Slot>]) {
+    let now = Instant::now();
+    if slots
+        .iter()
+        .any(|s| s.is_one() && s.called.load(Ordering::Acquire) && s.live(now))
+    {
+        return;
+    }
+    if let Some(s) = leader(slots) {
+        s.call();
+    }
 }
 
 impl Wakeups {
-    /// Tells the waiters of `name` to look again. Cheap when nobody waits.
+    /// Tells the waiters of `name` to look again: every one that
+    /// [`Wake::Every`] says, and one of the others. Cheap when nobody waits.
     pub(crate) fn wake(&self, name: &str) {
         let names = unpoisoned(&self.names);
-        for slot in names.get(name).into_iter().flatten() {
+        let Some(slots) = names.get(name) else {
+            return;
+        };
+        for slot in slots.iter().filter(|s| !s.is_one()) {
             slot.wake();
+        }
+        call_one(slots);
+    }
+
+    /// [`wake`](Self::wake) for every name: a notification that names no
+    /// lock (MySQL's doorbell), or notifications that may have been
+    /// missed (a listener reconnected).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn wake_each(&self) {
+        let names = unpoisoned(&self.names);
+        for slots in names.values() {
+            for slot in slots.iter().filter(|s| !s.is_one()) {
+                slot.wake();
+            }
+            call_one(slots);
         }
     }
 
     /// Tells the waiter of `name` holding queue `ticket` to look again
-    /// (it is now at the head), and every waiter that waits without one.
-    /// A waiter whose first attempt is on its way remembers `ticket`, and
-    /// wakes if its attempt comes back with it ([`Interest::set_ticket`]).
-    /// The others stay asleep: a release that only the head can use wakes
-    /// only the head.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    /// (it is now at the head), and those that wait without one as
+    /// [`wake`](Self::wake) does. A waiter whose first attempt is on its
+    /// way remembers `ticket`, and wakes if its attempt comes back with it
+    /// ([`Interest::set_ticket`]). The others stay asleep: a release that
+    /// only the head can use wakes only the head.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "zookeeper", feature = "etcd")),
+        allow(dead_code)
+    )]
     pub(crate) fn wake_ticket(&self, name: &str, ticket: Ticket) {
         let names = unpoisoned(&self.names);
-        for slot in names.get(name).into_iter().flatten() {
+        let Some(slots) = names.get(name) else {
+            return;
+        };
+        let mut unticketed = Vec::new();
+        for slot in slots {
             let mut heard = slot.heard();
             let t = slot.ticket.load(Ordering::Acquire);
-            if t == ticket || t < 0 {
-                slot.wake();
+            if t == ticket {
+                slot.call();
+            } else if t < 0 {
+                if slot.is_one() {
+                    unticketed.push(slot.clone());
+                } else {
+                    slot.wake();
+                }
             } else if t == 0 {
                 if heard.tickets.len() < HEARD_MAX {
                     heard.tickets.push(ticket);
@@ -88,13 +218,17 @@ impl Wakeups {
                 }
             }
         }
+        call_one(&unticketed);
     }
 
     /// Declares interest in `name` until the returned handle drops.
-    pub(crate) fn interest(self: &Arc<Self>, name: &str) -> Interest {
+    pub(crate) fn interest(self: &Arc<Self>, name: &str, wake: Wake) -> Interest {
         let slot = Arc::new(Slot {
             tx: Watch::new(0),
             ticket: AtomicI64::new(0),
+            wake,
+            called: AtomicBool::new(false),
+            heard_from: Mutex::new(Instant::now()),
             heard: Mutex::default(),
         });
         let mut names = unpoisoned(&self.names);
@@ -104,16 +238,27 @@ impl Wakeups {
             slot,
             name: name.into(),
             owner: self.clone(),
+            outcome: Outcome::Waiting,
         }
     }
 
-    /// Tells every waiter to look again (after a lost notification channel).
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    /// Tells every waiter to look again: the session their places lived
+    /// on ended, so each has its own to find out about.
+    #[cfg_attr(
+        not(any(feature = "zookeeper", feature = "etcd", test)),
+        allow(dead_code)
+    )]
     pub(crate) fn wake_all(&self) {
         let names = unpoisoned(&self.names);
         for slot in names.values().flatten() {
             slot.wake();
         }
+    }
+
+    /// How many of this client's tasks wait on `name` now.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) fn waiting(&self, name: &str) -> usize {
+        unpoisoned(&self.names).get(name).map_or(0, Vec::len)
     }
 
     /// Whether anyone waits on `name` now.
@@ -130,18 +275,47 @@ impl Wakeups {
     }
 }
 
+/// How a waiter's wait ended, for what its going tells the others.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Still waiting, or gone without an answer (cancelled, timed out).
+    Waiting,
+    Granted,
+    Failed,
+}
+
 /// A waiter's interest in one name.
 pub(crate) struct Interest {
     rx: Seen<u64>,
     slot: Arc<Slot>,
     name: Arc<str>,
     owner: Arc<Wakeups>,
+    outcome: Outcome,
 }
 
 impl Interest {
-    /// The version to compare against after an attempt.
-    pub(crate) fn version(&self) -> u64 {
+    /// The version to compare against after the attempt about to begin:
+    /// a call this waiter had is answered by that attempt.
+    pub(crate) fn begin(&self) -> u64 {
+        let _names = unpoisoned(&self.owner.names);
+        self.slot.called.store(false, Ordering::Release);
+        self.slot.polled(Instant::now());
         self.rx.get()
+    }
+
+    /// Whether this waiter looks again on its own when no notification
+    /// comes: each of [`Wake::Every`], and the leader of the others (the
+    /// rest would only ask the server what the leader just asked).
+    pub(crate) fn leads(&self) -> bool {
+        if !self.slot.is_one() {
+            return true;
+        }
+        let names = unpoisoned(&self.owner.names);
+        self.slot.polled(Instant::now());
+        names
+            .get(&self.name)
+            .and_then(|slots| leader(slots))
+            .is_some_and(|l| Arc::ptr_eq(l, &self.slot))
     }
 
     /// The queue ticket this waiter now waits with, if any: from then
@@ -174,16 +348,39 @@ impl Interest {
             }
         }
     }
+
+    /// Ends the wait with the lock won: the others sleep on (it is held),
+    /// unless [`Wake::One`]'s `chain` says more may get in.
+    pub(crate) fn granted(mut self) {
+        self.outcome = Outcome::Granted;
+    }
+
+    /// Ends the wait with an error (the server unreachable, most likely):
+    /// every other waiter of the name looks for itself, as each would
+    /// have had it been woken, rather than one after another.
+    pub(crate) fn failed(mut self) {
+        self.outcome = Outcome::Failed;
+    }
 }
 
 impl Drop for Interest {
     fn drop(&mut self) {
         let mut names = unpoisoned(&self.owner.names);
-        if let Some(slots) = names.get_mut(&self.name) {
-            slots.retain(|s| !Arc::ptr_eq(s, &self.slot));
-            if slots.is_empty() {
-                names.remove(&self.name);
-            }
+        let Some(slots) = names.get_mut(&self.name) else {
+            return;
+        };
+        slots.retain(|s| !Arc::ptr_eq(s, &self.slot));
+        let called = self.slot.called.load(Ordering::Acquire);
+        match self.outcome {
+            Outcome::Failed => slots.iter().for_each(|s| s.wake()),
+            Outcome::Granted if self.slot.wake == (Wake::One { chain: true }) => call_one(slots),
+            Outcome::Granted => {}
+            // A call it had and never answered goes to the next.
+            Outcome::Waiting if called => call_one(slots),
+            Outcome::Waiting => {}
+        }
+        if slots.is_empty() {
+            names.remove(&self.name);
         }
     }
 }
@@ -194,8 +391,8 @@ mod tests {
     #[tokio::test]
     async fn wake_between_attempt_and_wait_is_seen() {
         let w = Arc::new(Wakeups::default());
-        let mut i = w.interest("a");
-        let seen = i.version();
+        let mut i = w.interest("a", Wake::Every);
+        let seen = i.rx.get();
         w.wake("a");
         w.wake("b"); // nobody listens: no entry is made
         tokio::time::timeout(std::time::Duration::from_secs(5), i.changed_since(seen))
@@ -209,23 +406,27 @@ mod tests {
     #[tokio::test]
     async fn a_ticketed_wake_up_passes_other_tickets_by() {
         let w = Arc::new(Wakeups::default());
-        let (mut head, mut next, fresh) = (w.interest("a"), w.interest("a"), w.interest("a"));
+        let (mut head, mut next, fresh) = (
+            w.interest("a", Wake::Every),
+            w.interest("a", Wake::Every),
+            w.interest("a", Wake::Every),
+        );
         head.set_ticket(Some(7));
         next.set_ticket(Some(8));
-        let seen = (head.version(), next.version(), fresh.version());
+        let seen = (head.rx.get(), next.rx.get(), fresh.rx.get());
         w.wake_ticket("a", 7);
         let soon = std::time::Duration::from_secs(5);
         tokio::time::timeout(soon, head.changed_since(seen.0))
             .await
             .expect("the head is woken");
-        assert_eq!(next.version(), seen.1, "the second in line sleeps on");
+        assert_eq!(next.rx.get(), seen.1, "the second in line sleeps on");
         assert_eq!(
-            fresh.version(),
+            fresh.rx.get(),
             seen.2,
             "a waiter with no ticket yet waits to learn it"
         );
         fresh.set_ticket(Some(9));
-        assert_eq!(fresh.version(), seen.2, "ticket 9 was not called");
+        assert_eq!(fresh.rx.get(), seen.2, "ticket 9 was not called");
         w.wake("a");
         tokio::time::timeout(soon, next.changed_since(seen.1))
             .await
@@ -240,36 +441,178 @@ mod tests {
     async fn a_waiter_learning_its_ticket_late_still_hears_its_call() {
         let w = Arc::new(Wakeups::default());
         let (called, other, plain, flooded) = (
-            w.interest("a"),
-            w.interest("a"),
-            w.interest("a"),
-            w.interest("a"),
+            w.interest("a", Wake::Every),
+            w.interest("a", Wake::Every),
+            w.interest("a", Wake::Every),
+            w.interest("a", Wake::Every),
         );
-        let seen = [&called, &other, &plain, &flooded].map(|i| i.version());
+        let seen = [&called, &other, &plain, &flooded].map(|i| i.rx.get());
         // Every attempt is on its way when the release names ticket 5.
         w.wake_ticket("a", 5);
         called.set_ticket(Some(5));
         other.set_ticket(Some(6));
         plain.set_ticket(None);
-        assert_ne!(called.version(), seen[0], "its own ticket was called");
-        assert_eq!(other.version(), seen[1], "another ticket was called");
-        assert_ne!(plain.version(), seen[2], "no ticket: any call may be ours");
+        assert_ne!(called.rx.get(), seen[0], "its own ticket was called");
+        assert_eq!(other.rx.get(), seen[1], "another ticket was called");
+        assert_ne!(plain.rx.get(), seen[2], "no ticket: any call may be ours");
         // Only what was heard before the ticket was known counts.
         w.wake_ticket("a", 100);
         for t in 0..HEARD_MAX as i64 + 1 {
             w.wake_ticket("a", 200 + t);
         }
         flooded.set_ticket(Some(1));
-        assert_ne!(flooded.version(), seen[3], "past the bound, it wakes");
-        let before = other.version();
+        assert_ne!(flooded.rx.get(), seen[3], "past the bound, it wakes");
+        let before = other.rx.get();
         other.set_ticket(Some(100));
-        assert_eq!(other.version(), before, "100 was called after 6 was known");
-        let before = plain.version();
+        assert_eq!(other.rx.get(), before, "100 was called after 6 was known");
+        let before = plain.rx.get();
         w.wake_ticket("a", 300);
         assert_ne!(
-            plain.version(),
+            plain.rx.get(),
             before,
             "a waiter without a ticket wakes at every call"
         );
+    }
+
+    /// Whether `i` was woken since `seen`, without waiting.
+    fn woken(i: &Interest, seen: u64) -> bool {
+        i.rx.get() != seen
+    }
+
+    const MUTEX: Wake = Wake::One { chain: false };
+
+    #[test]
+    fn a_release_only_one_can_use_calls_one_waiter() {
+        let w = Arc::new(Wakeups::default());
+        let (a, b, reader) = (
+            w.interest("a", MUTEX),
+            w.interest("a", MUTEX),
+            w.interest("a", Wake::Every),
+        );
+        let seen = [&a, &b, &reader].map(|i| i.begin());
+        w.wake("a");
+        assert!(woken(&a, seen[0]), "the longest waiting is called");
+        assert!(!woken(&b, seen[1]), "the next sleeps on");
+        assert!(woken(&reader, seen[2]), "a reader wakes every time");
+        // Called and not yet begun: its attempt comes after this release
+        // too, so no one else need look.
+        w.wake("a");
+        assert!(!woken(&b, seen[1]));
+        // It looked (and found the lock taken again): the next release
+        // calls it again, as the leader.
+        let seen_a = a.begin();
+        assert!(a.leads() && !b.leads() && reader.leads());
+        w.wake("a");
+        assert!(woken(&a, seen_a) && !woken(&b, seen[1]));
+        // Gone before it looked (cancelled, timed out): the call passes on.
+        drop(a);
+        assert!(woken(&b, seen[1]), "the call went to the next");
+        assert!(b.leads());
+    }
+
+    #[test]
+    fn a_waiter_that_wins_keeps_the_others_asleep_unless_permits_may_remain() {
+        let w = Arc::new(Wakeups::default());
+        let (a, b) = (w.interest("a", MUTEX), w.interest("a", MUTEX));
+        let seen_b = b.begin();
+        w.wake("a");
+        a.granted();
+        assert!(!woken(&b, seen_b), "the lock is held: nothing to look for");
+
+        let permits = Wake::One { chain: true };
+        let (a, b) = (w.interest("p", permits), w.interest("p", permits));
+        let seen_b = b.begin();
+        a.begin();
+        a.granted();
+        assert!(woken(&b, seen_b), "another permit may be free");
+        drop(b);
+
+        // An error (the server unreachable): everyone looks for itself.
+        let (a, b, c) = (
+            w.interest("e", MUTEX),
+            w.interest("e", MUTEX),
+            w.interest("e", MUTEX),
+        );
+        let seen = [&b, &c].map(|i| i.begin());
+        a.failed();
+        assert!(woken(&b, seen[0]) && woken(&c, seen[1]));
+        drop((b, c));
+        assert_eq!(w.len(), 1, "the mutex waiter b above");
+    }
+
+    #[test]
+    fn the_lowest_ticket_leads_and_a_ticket_call_counts_as_the_one() {
+        let w = Arc::new(Wakeups::default());
+        let (a, b, c) = (
+            w.interest("a", MUTEX),
+            w.interest("a", MUTEX),
+            w.interest("a", MUTEX),
+        );
+        a.set_ticket(Some(9));
+        b.set_ticket(Some(4));
+        c.set_ticket(None);
+        let seen = [&a, &b, &c].map(|i| i.begin());
+        assert!(
+            b.leads() && !a.leads() && !c.leads(),
+            "the head of the queue leads"
+        );
+        w.wake("a");
+        assert!(woken(&b, seen[1]) && !woken(&a, seen[0]) && !woken(&c, seen[2]));
+        let seen_b = b.begin();
+        // The head's own call (its predecessor went): it is the one, and
+        // the waiter without a ticket is called beside it.
+        w.wake_ticket("a", 9);
+        assert!(woken(&a, seen[0]));
+        assert!(woken(&c, seen[2]), "no ticket: one of those is called too");
+        assert!(!woken(&b, seen_b));
+        let seen_c = c.begin();
+        w.wake("a");
+        assert!(!woken(&c, seen_c), "a was called and has not looked yet");
+    }
+
+    #[test]
+    fn a_call_by_ticket_passes_on_if_unanswered_and_each_name_gets_one() {
+        let w = Arc::new(Wakeups::default());
+        let (a, b) = (w.interest("a", MUTEX), w.interest("a", MUTEX));
+        a.set_ticket(Some(3));
+        b.set_ticket(Some(4));
+        let seen_b = b.begin();
+        w.wake_ticket("a", 3);
+        drop(a);
+        assert!(woken(&b, seen_b), "a's call went to b");
+        let seen_b = b.begin();
+        // A ticket no waiter here holds: nobody of this client is next.
+        w.wake_ticket("a", 99);
+        assert!(!woken(&b, seen_b));
+
+        let (c, d, e) = (
+            w.interest("c", MUTEX),
+            w.interest("c", MUTEX),
+            w.interest("e", MUTEX),
+        );
+        let seen = [&c, &d, &e].map(|i| i.begin());
+        w.wake_each();
+        assert!(woken(&c, seen[0]) && !woken(&d, seen[1]) && woken(&e, seen[2]));
+        assert!(woken(&b, seen_b), "one per name");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_whose_task_is_not_polled_neither_leads_nor_keeps_a_call() {
+        let w = Arc::new(Wakeups::default());
+        let (parked, b) = (w.interest("a", MUTEX), w.interest("a", MUTEX));
+        assert!(parked.leads() && !b.leads());
+        let seen_b = b.begin();
+        w.wake("a");
+        assert!(!woken(&b, seen_b), "the leader is called");
+        // The leader's task is not polled again (its future parked);
+        // the other's goes on through its fallback periods.
+        for _ in 0..4 {
+            tokio::time::advance(std::time::Duration::from_secs(2)).await;
+            b.leads();
+        }
+        assert!(b.leads(), "the next leads once the first is unheard of");
+        w.wake("a");
+        assert!(woken(&b, seen_b), "and a call no longer waits on the first");
+        drop(parked);
     }
 }

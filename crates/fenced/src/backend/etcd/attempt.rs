@@ -120,7 +120,7 @@ impl EtcdShared {
             }
             return Ok(Outcome::Busy(Blocked {
                 ticket: None,
-                retry_after: Some(Duration::from_millis(1)),
+                retry_after: Some(Duration::ZERO),
             }));
         };
         let rev = kvs[me].create_revision();
@@ -167,7 +167,8 @@ impl EtcdShared {
                             }
                         }
                     }
-                    wakeups.wake(name.as_str());
+                    // This waiter's own watch: it alone looks again.
+                    wakeups.wake_ticket(name.as_str(), rev);
                 });
                 if let Some(old) = unpoisoned(&own.watcher).replace(task) {
                     old.abort();

@@ -13,6 +13,11 @@ impl LockBackend for EtcdBackend {
         false
     }
 
+    /// Queue places are nodes on the session too.
+    fn places_expire(&self) -> bool {
+        false
+    }
+
     fn scheme(&self) -> &'static str {
         "etcd"
     }

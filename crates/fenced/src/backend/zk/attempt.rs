@@ -34,7 +34,7 @@ impl ZkShared {
             unpoisoned(&self.nodes).remove(&req.hold_id);
             return Ok(Outcome::Busy(Blocked {
                 ticket: None,
-                retry_after: Some(Duration::from_millis(1)),
+                retry_after: Some(Duration::ZERO),
             }));
         };
         let owners: Vec<Option<String>> =
@@ -68,13 +68,13 @@ impl ZkShared {
                         match z.get_and_watch_data(&path).await {
                             Ok((_, _, watcher)) => tokio::spawn(async move {
                                 watcher.changed().await;
-                                wakeups.wake(name.as_str());
+                                wakeups.wake_ticket(name.as_str(), token);
                             }),
                             // Gone already: look again at once.
                             Err(zk::Error::NoNode) => {
                                 return Ok(Outcome::Busy(Blocked {
                                     ticket: Some(token),
-                                    retry_after: Some(Duration::from_millis(1)),
+                                    retry_after: Some(Duration::ZERO),
                                 }));
                             }
                             Err(e) => return Err(self.err(e)),
@@ -83,7 +83,7 @@ impl ZkShared {
                     _ => match z.list_and_watch_children(&dir).await {
                         Ok((_, watcher)) => tokio::spawn(async move {
                             watcher.changed().await;
-                            wakeups.wake(name.as_str());
+                            wakeups.wake_ticket(name.as_str(), token);
                         }),
                         Err(e) => return Err(self.err(e)),
                     },

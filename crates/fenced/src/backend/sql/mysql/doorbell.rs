@@ -3,7 +3,8 @@
 use super::*;
 
 /// The doorbell: sleeps on the server until a `KILL QUERY` ends the sleep,
-/// then wakes every waiter of this client. Reconnects if it must.
+/// then wakes this client's waiters of every lock (one at a time where only one
+/// can get in; see `spi::wake`). Reconnects if it must.
 pub(super) async fn doorbell_loop(
     mut conn: MySqlConnection,
     opts: MySqlConnectOptions,
@@ -34,7 +35,7 @@ pub(super) async fn doorbell_loop(
             }
             Err(e) => {
                 tracing::debug!(error = %e, "MySQL doorbell lost its connection");
-                wakeups.wake_all();
+                wakeups.wake_each();
                 conn = reconnect(&opts).await;
                 match doorbell_id(&mut conn).await {
                     Ok(id) => bell.store(id, Ordering::Release),
@@ -42,7 +43,7 @@ pub(super) async fn doorbell_loop(
                 }
             }
         }
-        wakeups.wake_all();
+        wakeups.wake_each();
     }
 }
 

@@ -90,10 +90,9 @@ impl LockBackend for MySqlAdvisory {
                     lease_left: Duration::MAX,
                 });
             }
-            let waiters = unpoisoned(&sh.probers)
-                .values()
-                .filter(|p| matches!(*unpoisoned(&p.state), Probe::Waiting))
-                .count();
+            // The server shows no waiters of `GET_LOCK`: this client's own
+            // tasks waiting for the name (one prober waits for them all).
+            let waiters = sh.table.wakeups().waiting(name.as_str());
             Ok(LockStatus::new(holders, waiters, last_token))
         })
     }

@@ -30,6 +30,13 @@
 //! session killed, which ends the server-side wait and frees whatever it
 //! won. The server wakes its waiters itself, whoever releases.
 //!
+//! A client has one prober per lock name at a time, whatever the number
+//! of its tasks waiting: each prober is a session, and a thousand waiting
+//! tasks with a session each filled MariaDB's default 151 connections
+//! ("Too many connections"). The others wait in the client; a release
+//! here, a prober's grant and a prober withdrawn each call one of them to
+//! look again (see `spi::wake`).
+//!
 //! **Tokens** come from the lease table's `fenced_locks` row of the name,
 //! raised after each grant; registers are the same table too. `GET_LOCK`
 //! has no shared mode and counts no permits, so this mode has mutexes
@@ -103,6 +110,9 @@ struct SessionHold {
 struct Prober {
     conn_id: i64,
     key: String,
+    name: LockName,
+    /// When it began to wait.
+    since: Instant,
     state: Mutex<Probe>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }

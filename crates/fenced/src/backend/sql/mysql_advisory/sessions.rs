@@ -65,20 +65,28 @@ impl Shared {
         if let Some(t) = req.ticket {
             let prober = unpoisoned(&self.probers).get(&t).cloned();
             if let Some(p) = prober {
+                // The one prober of this client's waiters for the lock: if
+                // the server says nobody holds it while the prober has
+                // waited a while, its session is not waiting in the server
+                // (a dead connection no one noticed) and would keep every
+                // waiter of this client out. Start over without it.
+                let waiting = matches!(*unpoisoned(&p.state), Probe::Waiting);
+                let settled = p.since.elapsed() >= Duration::from_secs(1);
+                if waiting && (!settled || self.holder_of(&req.name).await?.is_some()) {
+                    return Ok(Outcome::Busy(Blocked {
+                        ticket: Some(t),
+                        retry_after: None,
+                    }));
+                }
+                if waiting {
+                    tracing::debug!(lock = %req.name.as_str(), "the prober waits, yet the lock is free: starting over");
+                    self.withdraw(t).await;
+                }
                 let won = {
                     let mut st = unpoisoned(&p.state);
-                    match &*st {
-                        Probe::Waiting => {
-                            return Ok(Outcome::Busy(Blocked {
-                                ticket: Some(t),
-                                retry_after: None,
-                            }));
-                        }
-                        Probe::Won(_) => match std::mem::replace(&mut *st, Probe::Over) {
-                            Probe::Won(s) => Some(s),
-                            _ => None,
-                        },
-                        Probe::Over => None,
+                    match std::mem::replace(&mut *st, Probe::Over) {
+                        Probe::Won(s) => Some(s),
+                        _ => None,
                     }
                 };
                 unpoisoned(&self.probers).remove(&t);
@@ -107,7 +115,9 @@ impl Shared {
             .and_then(|r| r.try_get::<Option<i64>, _>("got"));
         match got {
             Ok(Some(1)) => self.granted(req, s, key, sent).await,
-            Ok(Some(_)) if req.will_wait => Ok(Outcome::Busy(Blocked {
+            // One prober per name in a client (see the module's notes):
+            // another task's already waits in the server for this lock.
+            Ok(Some(_)) if req.will_wait && !self.probed(&key) => Ok(Outcome::Busy(Blocked {
                 ticket: Some(self.probe(s, key, req.name.clone())),
                 retry_after: None,
             })),
@@ -201,12 +211,22 @@ impl Shared {
         mine
     }
 
+    /// Whether a prober of this client waits for `key`, or holds it for
+    /// its waiter to adopt.
+    fn probed(&self, key: &str) -> bool {
+        unpoisoned(&self.probers)
+            .values()
+            .any(|p| p.key == key && !matches!(*unpoisoned(&p.state), Probe::Over))
+    }
+
     /// Hands a session to a prober that waits in the server; its ticket.
     pub(super) fn probe(self: &Arc<Self>, mut s: Session, key: String, name: LockName) -> Ticket {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let p = Arc::new(Prober {
             conn_id: s.id,
             key: key.clone(),
+            name: name.clone(),
+            since: Instant::now(),
             state: Mutex::new(Probe::Waiting),
             task: Mutex::new(None),
         });
@@ -249,7 +269,8 @@ impl Shared {
                 }
                 return;
             }
-            me.table.wakeups().wake(name.as_str());
+            // Its own waiter looks (and adopts the lock, or starts over).
+            me.table.wakeups().wake_ticket(name.as_str(), ticket);
             if !won {
                 return;
             }
@@ -307,6 +328,9 @@ impl Shared {
             }
             Probe::Over => {}
         }
+        // The client's other waiters had no prober of their own: one of
+        // them now looks, and waits in the server in its place.
+        self.table.wakeups().wake(p.name.as_str());
     }
 
     /// Ends a hold: unlocks and recycles its session; whether it still held.
@@ -319,6 +343,10 @@ impl Shared {
         let Some(s) = hold.session.lock().await.take() else {
             return Some(false);
         };
-        self.unlock(s, &hold.key).await
+        let was = self.unlock(s, &hold.key).await;
+        // This client's waiters have no prober while one of its tasks held
+        // the lock: one of them looks now.
+        self.table.wakeups().wake(hold.name.as_str());
+        was
     }
 }

@@ -229,11 +229,11 @@ async fn listen(mut listener: PgListener, wakeups: Arc<Wakeups>) {
             Ok(Some(n)) => wakeups.wake(n.payload()),
             Ok(None) => {
                 tracing::debug!("PostgreSQL listener reconnected; waiters will look again");
-                wakeups.wake_all();
+                wakeups.wake_each();
             }
             Err(e) => {
                 tracing::debug!(error = %e, "PostgreSQL listener failed; retrying");
-                wakeups.wake_all();
+                wakeups.wake_each();
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
