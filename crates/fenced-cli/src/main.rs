@@ -72,6 +72,10 @@ enum Command {
     /// Exits 0 when held, 1 when free (as `test`: `if fenced status NAME`),
     /// 69 if the backend failed, 2 for a bad argument.
     Status(status::StatusArgs),
+    /// List the locks that are held or waited for, whose names start with
+    /// PREFIX (every lock without one): holders, tokens, lease left,
+    /// waiters. Exits 0, 69 if the backend failed, 2 for a bad argument.
+    List(status::ListArgs),
     /// Break lock NAME, whoever holds it (with --force when it is held).
     ///
     /// Its holders' lost signals fire at their next renewal, and a `fenced
@@ -279,6 +283,7 @@ fn main() -> ExitCode {
         let result = match cli.command {
             Command::Run(args) => run::run(backend, args).await,
             Command::Status(args) => status::status(backend, args).await,
+            Command::List(args) => status::list(backend, args).await,
             Command::Unlock(args) => status::unlock(backend, args).await,
             Command::Doctor(args) => doctor::doctor(backend, args).await,
             Command::Demo(demo) => demo::demo(backend, demo).await,

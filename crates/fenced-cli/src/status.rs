@@ -13,31 +13,125 @@ pub(crate) struct StatusArgs {
     json: bool,
 }
 
+/// A lock's status as one JSON object (`status --json`, and each line of
+/// `list --json`).
+fn status_json(name: &str, backend: &str, st: &fenced::LockStatus) -> serde_json::Value {
+    let holders: Vec<_> = st
+        .holders
+        .iter()
+        .map(|h| {
+            serde_json::json!({
+                "owner": h.owner,
+                "mode": h.mode.to_string(),
+                "token": h.token,
+                "lease_left_ms": lease_ms(h.lease_left),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "name": name,
+        "backend": backend,
+        "held": !st.is_free(),
+        "holders": holders,
+        "waiters": st.waiters,
+        "last_token": st.last_token,
+    })
+}
+
+/// A lease left in ms; `null` for a session lock's, which has none while
+/// its session lives.
+fn lease_ms(left: std::time::Duration) -> Option<u64> {
+    (left != std::time::Duration::MAX).then_some(left.as_millis() as u64)
+}
+
+/// A lease left as `status` and `list` print it.
+fn lease_text(left: std::time::Duration) -> String {
+    match lease_ms(left) {
+        Some(_) => format!("{:.1}s", left.as_secs_f64()),
+        None => "session".to_owned(),
+    }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ListArgs {
+    /// Only the locks whose names start with this.
+    #[arg(default_value = "")]
+    prefix: String,
+    /// Print one JSON object per lock, a line each, instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `fenced list [PREFIX]`: every lock held or waited for, a line per
+/// holder (a free lock with waiters gets one line too).
+pub(crate) async fn list(backend: Option<String>, args: ListArgs) -> anyhow::Result<ExitCode> {
+    let client = connect(backend.as_deref()).await?;
+    let locks = client.list(&args.prefix).await;
+    let url = client.url().to_owned();
+    client.close().await;
+    let locks = locks?;
+    if args.json {
+        for l in &locks {
+            println!("{}", status_json(&l.name, &url, &l.status));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut rows = vec![[
+        "NAME".to_owned(),
+        "MODE".into(),
+        "TOKEN".into(),
+        "LEASE LEFT".into(),
+        "WAITERS".into(),
+        "HOLDER".into(),
+    ]];
+    for l in &locks {
+        let waiters = l.status.waiters.to_string();
+        if l.status.holders.is_empty() {
+            let free = ["free".into(), "-".into(), "-".into()];
+            let [m, t, left] = free;
+            rows.push([l.name.clone(), m, t, left, waiters.clone(), "-".into()]);
+        }
+        for h in &l.status.holders {
+            rows.push([
+                l.name.clone(),
+                h.mode.to_string(),
+                h.token.to_string(),
+                lease_text(h.lease_left),
+                waiters.clone(),
+                h.owner.clone(),
+            ]);
+        }
+    }
+    if locks.is_empty() {
+        eprintln!(
+            "no lock held or waited for{}",
+            if args.prefix.is_empty() {
+                String::new()
+            } else {
+                format!(" under {:?}", args.prefix)
+            }
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let widths: Vec<usize> = (0..6)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in &rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub(crate) async fn status(backend: Option<String>, args: StatusArgs) -> anyhow::Result<ExitCode> {
     let client = connect(backend.as_deref()).await?;
     let st = client.status(&args.name).await?;
     if args.json {
-        let holders: Vec<_> = st
-            .holders
-            .iter()
-            .map(|h| {
-                serde_json::json!({
-                    "owner": h.owner,
-                    "mode": h.mode.to_string(),
-                    "token": h.token,
-                    "lease_left_ms": h.lease_left.as_millis() as u64,
-                })
-            })
-            .collect();
-        let out = serde_json::json!({
-            "name": args.name,
-            "backend": client.url(),
-            "held": !st.is_free(),
-            "holders": holders,
-            "waiters": st.waiters,
-            "last_token": st.last_token,
-        });
-        println!("{out}");
+        println!("{}", status_json(&args.name, client.url(), &st));
     } else if st.is_free() {
         println!(
             "{}: free (last token {}, {} waiting)",
@@ -47,11 +141,11 @@ pub(crate) async fn status(backend: Option<String>, args: StatusArgs) -> anyhow:
         println!("{}: held ({} waiting)", args.name, st.waiters);
         for h in &st.holders {
             println!(
-                "  holder {}  {}  token {}  lease left {:.1}s",
+                "  holder {}  {}  token {}  lease left {}",
                 h.owner,
                 h.mode,
                 h.token,
-                h.lease_left.as_secs_f64()
+                lease_text(h.lease_left)
             );
         }
     }

@@ -182,6 +182,64 @@ fn run_speaks_flock_and_status_is_a_test() {
 /// holder (a `fenced run` with the default 30 s lease) is told at its next
 /// renewal and its command killed; on a free lock, nothing to do.
 #[test]
+fn list_shows_the_held_locks_as_a_table_and_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fenced"));
+    let out = fenced(&url, &["list"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no lock held"));
+    let mut holders: Vec<_> = ["jobs:a", "jobs:b", "other"]
+        .iter()
+        .map(|n| fenced_testkit::process::spawn_run(bin, &url, n, &[], &["sleep", "60"]))
+        .collect();
+    let t = fenced_testkit::Timing::default();
+    let deadline = std::time::Instant::now() + t.eventually();
+    let listed = loop {
+        let out = fenced(&url, &["list", "jobs:", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if lines.len() == 2 {
+            break lines;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never both held: {lines:?}"
+        );
+        std::thread::sleep(t.ms(20));
+    };
+    assert_eq!(listed[0]["name"], "jobs:a");
+    assert_eq!(listed[1]["name"], "jobs:b");
+    for l in &listed {
+        assert_eq!(l["held"], true);
+        assert_eq!(l["holders"][0]["mode"], "exclusive");
+        assert_eq!(l["holders"][0]["token"], l["last_token"]);
+    }
+    let out = fenced(&url, &["list"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "a header and three locks: {text}");
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("LEASE LEFT"),
+        "{text}"
+    );
+    for (line, name) in lines[1..].iter().zip(["jobs:a", "jobs:b", "other"]) {
+        assert!(
+            line.starts_with(name) && line.contains("exclusive"),
+            "{text}"
+        );
+    }
+    for h in &mut holders {
+        fenced_testkit::process::kill_group(h);
+    }
+}
+
+#[test]
 fn unlock_breaks_a_held_lock_only_with_force() {
     let dir = tempfile::tempdir().unwrap();
     let url = sqlite_url(&dir);

@@ -135,7 +135,8 @@ macro_rules! conformance_suite {
             striped_segments_are_independent,
             bad_input_is_refused, leader_election_hands_over, cancelled_acquires_leave_nothing,
             cancellation_storm_leaves_the_lock_usable, grant_cases_mutex,
-            a_thousand_waiters_of_one_client, waiters_of_one_client_outlast_leaked_holds
+            a_thousand_waiters_of_one_client, waiters_of_one_client_outlast_leaked_holds,
+            list_shows_what_is_held_or_waited_for
         ]);
     };
     (@group rw, $fixture:expr) => {

@@ -37,6 +37,16 @@ pub struct Client {
     pub(crate) inner: Arc<Engine>,
 }
 
+/// A lock that [`Client::list`] found held or waited for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockEntry {
+    /// The lock's name.
+    pub name: String,
+    /// Its holders, waiters and last token.
+    pub status: LockStatus,
+}
+
 impl Client {
     /// Connects to the backend named by `url`:
     ///
@@ -202,6 +212,44 @@ impl Client {
     pub async fn status(&self, name: &str) -> Result<LockStatus> {
         let name = LockName::new(name)?;
         self.inner.read("status", |b| b.status(&name)).await
+    }
+
+    /// Every lock whose name starts with `prefix` (`""`: every lock) that
+    /// is held or waited for now, in name order, with what
+    /// [`status`](Self::status) says of it: what `fenced list` prints.
+    ///
+    /// Each backend finds the names where it keeps them (a lease table's
+    /// rows, the keys or nodes of a lock's layout); the advisory modes,
+    /// whose servers show no names, find those whose tokens fenced
+    /// recorded. A lock taken by a foreign client (Curator, `etcdctl
+    /// lock`, redis-py, Redisson) shows where its layout is fenced's own:
+    /// on ZooKeeper, etcd and the SQL lease tables, not on Redis.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let client = fenced::Client::connect("memory://").await?;
+    /// let g = client.mutex("orders:1001")?.acquire().await?;
+    /// let held = client.list("orders:").await?;
+    /// assert_eq!(held.len(), 1);
+    /// assert_eq!(held[0].name, "orders:1001");
+    /// assert_eq!(held[0].status.holders[0].token, g.fencing_token());
+    /// # Ok::<_, fenced::Error>(()) }).unwrap();
+    /// ```
+    pub async fn list(&self, prefix: &str) -> Result<Vec<LockEntry>> {
+        let mut names = self.inner.read("names", |b| b.names(prefix)).await?;
+        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        let mut out = Vec::new();
+        for name in names {
+            let status = self.inner.read("status", |b| b.status(&name)).await?;
+            if !status.is_free() || status.waiters > 0 {
+                out.push(LockEntry {
+                    name: name.as_str().to_owned(),
+                    status,
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// Checks the settings of the server (or, for SQLite, the host) that

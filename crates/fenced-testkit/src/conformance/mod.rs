@@ -64,6 +64,7 @@ pub const TESTS: &[&str] = &[
     "paused_run_loses_its_session",
     "a_thousand_waiters_of_one_client",
     "waiters_of_one_client_outlast_leaked_holds",
+    "list_shows_what_is_held_or_waited_for",
 ];
 
 /// The backends (modules of a test binary made by
@@ -242,6 +243,49 @@ pub async fn waiters_of_one_client_outlast_leaked_holds(fx: &Fixture) {
         );
     }
     assert_eq!(granted.lock().unwrap().len(), WAITERS + 1);
+}
+
+/// `list` shows the locks under a prefix that are held (with their
+/// holders' tokens) or waited for, and not those released, nor those
+/// under another prefix; once everything is let go, nothing.
+pub async fn list_shows_what_is_held_or_waited_for(fx: &Fixture) {
+    let t = Timing::default();
+    let p = format!("{}-", unique("list"));
+    let (a, b) = fx.two_clients().await;
+    let held = a.mutex(&format!("{p}a")).unwrap().acquire().await.unwrap();
+    let other = unique("unlisted");
+    let elsewhere = a.mutex(&other).unwrap().acquire().await.unwrap();
+    let contended = b.mutex(&format!("{p}b")).unwrap().acquire().await.unwrap();
+    let waiter = a.mutex(&format!("{p}b")).unwrap();
+    let waiting = tokio::spawn(async move { waiter.acquire().await });
+    let released = a.mutex(&format!("{p}c")).unwrap().acquire().await.unwrap();
+    assert!(released.release().await.unwrap());
+
+    let listed = b.list(&p).await.unwrap();
+    let names: Vec<&str> = listed.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, [format!("{p}a"), format!("{p}b")], "{listed:?}");
+    let tokens =
+        |i: usize| -> Vec<u64> { listed[i].status.holders.iter().map(|h| h.token).collect() };
+    assert_eq!(tokens(0), [held.fencing_token()]);
+    assert_eq!(tokens(1), [contended.fencing_token()]);
+    let everything = b.list("").await.unwrap();
+    for name in [format!("{p}a"), format!("{p}b"), other] {
+        assert!(
+            everything.iter().any(|l| l.name == name),
+            "{name} missing from the whole list"
+        );
+    }
+
+    waiting.abort();
+    let _ = waiting.await;
+    for g in [held, elsewhere, contended] {
+        assert!(g.release().await.unwrap());
+    }
+    // The dropped waiter's place is withdrawn in the background.
+    t.wait_until("the list emptied", async || {
+        b.list(&p).await.unwrap().is_empty()
+    })
+    .await;
 }
 
 /// A holder whose lease ran out cannot release or affect the new holder.

@@ -320,6 +320,23 @@ impl LockBackend for MemoryBackend {
         })
     }
 
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut locks = self.locks();
+            let mut names = Vec::new();
+            for (name, res) in locks.names.iter_mut() {
+                if name.as_str().starts_with(prefix) {
+                    res.purge(now);
+                    if !res.holds.is_empty() || !res.queue.is_empty() {
+                        names.push(name.clone());
+                    }
+                }
+            }
+            Ok(names)
+        })
+    }
+
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let now = Instant::now();

@@ -587,6 +587,11 @@ impl LockBackend for SimBackend {
         self.send(move |w| async move { w.server.status(&name).await })
     }
 
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>> {
+        let prefix = prefix.to_owned();
+        self.send(move |w| async move { w.server.names(&prefix).await })
+    }
+
     fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         let name = name.clone();
         self.send(move |w| async move { w.server.force_release(&name).await })

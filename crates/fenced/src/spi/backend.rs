@@ -122,6 +122,12 @@ pub(crate) trait LockBackend: Send + Sync + 'static {
     /// What the backend knows of `name`.
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus>;
 
+    /// The names starting with `prefix` that may be held or waited for
+    /// now, each once, for `fenced list`: the client asks
+    /// [`status`](Self::status) of each and keeps those held or queued, so
+    /// a name that is neither may be among them.
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>>;
+
     /// Drops every hold of `name` whoever holds it (an operator's "break
     /// lock"); returns how many holds were dropped.
     fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize>;

@@ -81,6 +81,43 @@ impl LockBackend for EtcdBackend {
         })
     }
 
+    /// Lock `N`'s keys are `N/<lease in hex>` (and `_<k>` for a client's
+    /// second hold), as `etcdctl lock` writes them too: the names come
+    /// back from a keys-only scan of the prefix, a page at a time.
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>> {
+        Box::pin(async move {
+            const PAGE: i64 = 1000;
+            let inner = &self.inner;
+            let mut etcd = inner.etcd.clone();
+            // The empty prefix: every key, from "\0" on ("\0" as the end).
+            let (mut from, end) = if prefix.is_empty() {
+                (vec![0], vec![0])
+            } else {
+                (prefix.as_bytes().to_vec(), range_end(prefix.as_bytes()))
+            };
+            let mut names = std::collections::BTreeSet::new();
+            loop {
+                let options = GetOptions::new()
+                    .with_keys_only()
+                    .with_limit(PAGE)
+                    .with_range(end.clone());
+                let r = etcd
+                    .get(from.clone(), Some(options))
+                    .await
+                    .map_err(|e| inner.err(e))?;
+                names.extend(r.kvs().iter().filter_map(|kv| lock_of_key(kv.key())));
+                match r.kvs().last() {
+                    Some(last) if r.more() => {
+                        from = last.key().to_vec();
+                        from.push(0);
+                    }
+                    _ => break,
+                }
+            }
+            Ok(names.into_iter().collect())
+        })
+    }
+
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let inner = &self.inner;

@@ -19,6 +19,37 @@ pub(super) fn prefix_of(name: &LockName) -> Result<Vec<u8>> {
     Ok(format!("{n}/").into_bytes())
 }
 
+/// The end of the range of keys that start with `prefix`.
+pub(super) fn range_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xFF {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xFF: to the end of the keys.
+    vec![0]
+}
+
+/// The lock a key is a hold or queue place of: `N` for `N/<lease in hex>`
+/// or `N/<lease in hex>_<k>`; `None` for fenced's own records and for keys
+/// of other shapes (the application's data).
+pub(super) fn lock_of_key(key: &[u8]) -> Option<LockName> {
+    let (name, last) = std::str::from_utf8(key).ok()?.rsplit_once('/')?;
+    let (lease, nth) = last.split_once('_').unwrap_or((last, "0"));
+    let shaped = !lease.is_empty()
+        && lease
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        && !nth.is_empty()
+        && nth.bytes().all(|b| b.is_ascii_digit());
+    if !shaped || name.starts_with(RESERVED) {
+        return None;
+    }
+    LockName::new(name).ok()
+}
+
 /// The keys of a prefix listing that belong to the lock itself: `N/x`, not
 /// `N/b/x`, which is lock `N/b`'s (its prefix `N/b/` starts with `N/`).
 pub(super) fn own_level(prefix: &[u8], mut kvs: Vec<KeyValue>) -> Vec<KeyValue> {

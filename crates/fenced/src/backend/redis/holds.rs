@@ -42,6 +42,10 @@ impl LockBackend for RedisBackend {
     fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(self.force_inner(name))
     }
+
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>> {
+        Box::pin(self.names_inner(prefix))
+    }
 }
 
 impl Backend for RedisBackend {}

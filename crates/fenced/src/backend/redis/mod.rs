@@ -53,6 +53,7 @@ use subscribe::Subscriber;
 mod attempt;
 mod doctor;
 mod holds;
+mod scan;
 mod store;
 
 const DEFAULT_PORT: u16 = 6379;

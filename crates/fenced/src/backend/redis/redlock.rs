@@ -328,6 +328,14 @@ impl LockBackend for RedLockBackend {
         })
     }
 
+    /// The names any master knows: `status` then counts a majority.
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>> {
+        Box::pin(async move {
+            let all = self.on_all(|n| n.names_inner(prefix)).await?;
+            Ok(all.into_iter().flatten().collect())
+        })
+    }
+
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let all = self.on_all(|n| n.status_inner(name)).await?;

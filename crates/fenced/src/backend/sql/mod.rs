@@ -196,6 +196,15 @@ where
         .map_err(err)
 }
 
+/// Lock names read back from a table's `name` column, for
+/// [`names`](crate::spi::LockBackend::names); a row no lock name could
+/// have made (written by hand) is passed over.
+pub(crate) fn names_of(rows: impl IntoIterator<Item = String>) -> Vec<crate::name::LockName> {
+    rows.into_iter()
+        .filter_map(|n| crate::name::LockName::new(&n).ok())
+        .collect()
+}
+
 /// A status query's `waiters` and `token` (the last issued) columns.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn waiters_and_token<R>(r: &R) -> Result<(usize, u64), sqlx::Error>

@@ -92,6 +92,25 @@ impl LockBackend for ZkBackend {
         })
     }
 
+    /// A lock is a node under the URL's path, as Curator's are: the names
+    /// are its children (ZooKeeper filters nothing by prefix; fenced's
+    /// records and the server's own node are passed over).
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let children = inner
+                .client()
+                .list_children("/")
+                .await
+                .map_err(|e| inner.err(e))?;
+            Ok(children
+                .into_iter()
+                .filter(|c| c.starts_with(prefix) && c != "fenced.meta" && c != "zookeeper")
+                .filter_map(|c| LockName::new(&c).ok())
+                .collect())
+        })
+    }
+
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let inner = &self.inner;

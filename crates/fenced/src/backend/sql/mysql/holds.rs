@@ -124,6 +124,10 @@ impl LockBackend for MySqlBackend {
         })
     }
 
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>> {
+        Box::pin(async move { self.names_by(NAMES, prefix).await })
+    }
+
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let rows = sqlx::query(STATUS_HOLDS)

@@ -55,7 +55,7 @@ use std::time::Duration;
 mod attempt;
 mod doorbell;
 mod holds;
-mod queries;
+pub(crate) mod queries;
 mod store;
 use doorbell::*;
 use queries::*;
@@ -253,6 +253,19 @@ impl MySqlBackend {
     }
 
     /// The shared pool, for statements that need no session of their own.
+    /// The names a query of [`NAMES`]'s shape finds under `prefix` (bound
+    /// as bytes, as often as the query takes it).
+    pub(crate) async fn names_by(&self, sql: &'static str, prefix: &str) -> Result<Vec<LockName>> {
+        let mut q = sqlx::query_as::<_, (Vec<u8>,)>(sql);
+        for _ in 0..sql.matches('?').count() {
+            q = q.bind(prefix.as_bytes());
+        }
+        let rows = q.fetch_all(&self.pool).await.map_err(|e| self.db(e))?;
+        Ok(crate::backend::sql::names_of(
+            rows.into_iter().filter_map(|r| String::from_utf8(r.0).ok()),
+        ))
+    }
+
     pub(crate) fn pool(&self) -> &MySqlPool {
         &self.pool
     }

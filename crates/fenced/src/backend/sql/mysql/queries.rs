@@ -62,6 +62,19 @@ END";
 
 pub(super) const TRY_GRANT: &str = "SELECT fenced_try_grant(?, ?, ?, ?, ?, ?, ?)";
 
+/// The names starting with the prefix (bound twice, as bytes) that have a
+/// live hold or queue place: a byte range on the `VARBINARY` names, which
+/// ends below `0xFF`, a byte UTF-8 never has.
+pub(super) const NAMES: &str = "SELECT name FROM fenced_holds
+    WHERE name >= ? AND name < CONCAT(?, 0xFF)
+      AND expires_ms > CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)
+    UNION SELECT name FROM fenced_waiters
+    WHERE name >= ? AND name < CONCAT(?, 0xFF)
+      AND expires_ms > CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)";
+/// The names starting with the prefix (bound twice) that fenced ever
+/// granted (the advisory mode records their tokens here).
+pub(crate) const GRANTED_NAMES: &str =
+    "SELECT name FROM fenced_locks WHERE name >= ? AND name < CONCAT(?, 0xFF)";
 pub(super) const NOW_MS: &str = "CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)";
 
 pub(super) const LOCK_NAME: &str =

@@ -66,6 +66,24 @@ impl LockBackend for MySqlAdvisory {
         })
     }
 
+    /// The server shows no `GET_LOCK` names without performance_schema:
+    /// the names fenced recorded a token for (each then asked `status`).
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>> {
+        Box::pin(async move {
+            let table = &self.shared.table;
+            let mut names = table
+                .names_by(crate::backend::sql::mysql::queries::GRANTED_NAMES, prefix)
+                .await?;
+            // This client's waiting tasks, whose names may have no token yet.
+            for p in unpoisoned(&self.shared.probers).values() {
+                if p.name.as_str().starts_with(prefix) {
+                    names.push(p.name.clone());
+                }
+            }
+            Ok(names)
+        })
+    }
+
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let sh = &self.shared;

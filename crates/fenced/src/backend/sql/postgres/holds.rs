@@ -72,6 +72,17 @@ impl LockBackend for PgBackend {
         })
     }
 
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>> {
+        Box::pin(async move {
+            let rows: Vec<(String,)> = sqlx::query_as(NAMES)
+                .bind(prefix)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            Ok(crate::backend::sql::names_of(rows.into_iter().map(|r| r.0)))
+        })
+    }
+
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let rows = sqlx::query(SELECT_HOLDS)

@@ -33,6 +33,17 @@ CREATE TABLE IF NOT EXISTS fenced_registers (
 );
 ";
 
+/// The names starting with $1 that have a live hold or queue place (by
+/// `left`, not `LIKE`, which takes `%` and `_` for wildcards).
+pub(crate) const NAMES: &str = "SELECT name FROM fenced_holds
+    WHERE expires_at > clock_timestamp() AND left(name, length($1)) = $1
+    UNION SELECT name FROM fenced_waiters
+    WHERE expires_at > clock_timestamp() AND left(name, length($1)) = $1";
+/// The names starting with $1 that fenced ever granted (the advisory mode
+/// records their tokens here).
+pub(crate) const GRANTED_NAMES: &str =
+    "SELECT name FROM fenced_locks WHERE left(name, length($1)) = $1";
+
 /// A grant in one round trip when the name has no hold row at all (an
 /// unfair, unqueued acquire of a free lock); NULL sends the caller to the
 /// full transaction. Each statement sees a fresh snapshot under READ

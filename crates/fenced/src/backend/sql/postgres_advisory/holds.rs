@@ -64,6 +64,28 @@ impl LockBackend for PgAdvisory {
         })
     }
 
+    /// `pg_locks` shows keys, not names: the names fenced recorded a token
+    /// for whose keys are locked now.
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>> {
+        Box::pin(async move {
+            let pool = self.table.pool();
+            let db = |e| self.table.db(e);
+            let keys: Vec<(i64, i64)> = sqlx::query_as(KEYS).fetch_all(pool).await.map_err(db)?;
+            let keys: std::collections::HashSet<(i64, i64)> = keys.into_iter().collect();
+            let rows: Vec<(String,)> =
+                sqlx::query_as(crate::backend::sql::postgres::queries::GRANTED_NAMES)
+                    .bind(prefix)
+                    .fetch_all(pool)
+                    .await
+                    .map_err(db)?;
+            let names = rows
+                .into_iter()
+                .map(|r| r.0)
+                .filter(|n| keys.contains(&halves(key(n))));
+            Ok(crate::backend::sql::names_of(names))
+        })
+    }
+
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let (hi, lo) = halves(key(name.as_str()));

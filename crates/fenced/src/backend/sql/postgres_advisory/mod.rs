@@ -68,6 +68,9 @@ const HOLDERS: &str = "SELECT a.application_name AS owner, l.mode AS lmode, l.gr
     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
     WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2
       AND l.objsubid = 1";
+/// The advisory keys held or waited for now, as `pg_locks` shows them.
+const KEYS: &str = "SELECT DISTINCT l.classid::bigint AS hi, l.objid::bigint AS lo FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 1";
 const TERMINATE: &str = "SELECT count(pg_terminate_backend(l.pid)) AS n FROM pg_locks l
     WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2
       AND l.objsubid = 1 AND l.granted";

@@ -101,6 +101,18 @@ impl LockBackend for SqliteBackend {
         })
     }
 
+    fn names<'a>(&'a self, prefix: &'a str) -> Reply<'a, Vec<LockName>> {
+        Box::pin(async move {
+            let rows: Vec<(String,)> = sqlx::query_as(NAMES)
+                .bind(prefix)
+                .bind(now_ms())
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db)?;
+            Ok(crate::backend::sql::names_of(rows.into_iter().map(|r| r.0)))
+        })
+    }
+
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let now = now_ms();

@@ -33,6 +33,13 @@ CREATE TABLE IF NOT EXISTS fenced_registers (
 ) WITHOUT ROWID;
 ";
 
+/// The names starting with ?1 that have a live hold or queue place (?2:
+/// now): compared by `substr`, since `LIKE` folds case and takes `%` and
+/// `_` for wildcards.
+pub(super) const NAMES: &str = "SELECT name FROM fenced_holds
+    WHERE expires_ms > ?2 AND substr(name, 1, length(?1)) = ?1
+    UNION SELECT name FROM fenced_waiters
+    WHERE expires_ms > ?2 AND substr(name, 1, length(?1)) = ?1";
 pub(super) const PURGE_HOLDS: &str =
     "DELETE FROM fenced_holds WHERE name = ?1 AND expires_ms <= ?2";
 pub(super) const PURGE_WAITERS: &str =
