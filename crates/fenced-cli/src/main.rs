@@ -10,6 +10,8 @@ mod demo;
 mod doctor;
 mod run;
 mod status;
+#[cfg(feature = "top")]
+mod top;
 #[cfg(feature = "torture")]
 mod torture;
 
@@ -76,6 +78,10 @@ enum Command {
     /// PREFIX (every lock without one): holders, tokens, lease left,
     /// waiters. Exits 0, 69 if the backend failed, 2 for a bad argument.
     List(status::ListArgs),
+    /// The locks held or waited for, live in the terminal, refreshed every
+    /// --interval; q quits. Exits 2 when standard output is not a terminal.
+    #[cfg(feature = "top")]
+    Top(top::TopArgs),
     /// Break lock NAME, whoever holds it (with --force when it is held).
     ///
     /// Its holders' lost signals fire at their next renewal, and a `fenced
@@ -284,6 +290,8 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(backend, args).await,
             Command::Status(args) => status::status(backend, args).await,
             Command::List(args) => status::list(backend, args).await,
+            #[cfg(feature = "top")]
+            Command::Top(args) => top::top(backend, args).await,
             Command::Unlock(args) => status::unlock(backend, args).await,
             Command::Doctor(args) => doctor::doctor(backend, args).await,
             Command::Demo(demo) => demo::demo(backend, demo).await,

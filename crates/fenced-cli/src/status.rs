@@ -45,7 +45,7 @@ fn lease_ms(left: std::time::Duration) -> Option<u64> {
 }
 
 /// A lease left as `status` and `list` print it.
-fn lease_text(left: std::time::Duration) -> String {
+pub(crate) fn lease_text(left: std::time::Duration) -> String {
     match lease_ms(left) {
         Some(_) => format!("{:.1}s", left.as_secs_f64()),
         None => "session".to_owned(),

@@ -239,6 +239,102 @@ fn list_shows_the_held_locks_as_a_table_and_as_json() {
     }
 }
 
+/// `tmux` on a server of this test's own, killed when dropped.
+struct Tmux(String);
+
+impl Tmux {
+    fn new() -> Tmux {
+        Tmux(format!("fenced-test-{}", std::process::id()))
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new("tmux")
+            .arg("-L")
+            .arg(&self.0)
+            .args(args)
+            .output()
+            .expect("tmux (Debian: tmux) runs the terminal tests")
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "top"]).stdout).into_owned()
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
+
+#[test]
+fn top_shows_the_locks_live_in_a_terminal_and_quits_on_q() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fenced"));
+    // Not a terminal: told to use `list`, exit 2.
+    let out = fenced(&url, &["top"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fenced list"));
+
+    let t = fenced_testkit::Timing::default();
+    let mut first = fenced_testkit::process::spawn_run(bin, &url, "jobs:a", &[], &["sleep", "60"]);
+    let tmux = Tmux::new();
+    let bin = bin.to_str().unwrap();
+    let top = [
+        bin,
+        "--backend",
+        &url,
+        "top",
+        "jobs:",
+        "--interval",
+        "200ms",
+    ];
+    let mut args = vec![
+        "new-session",
+        "-d",
+        "-s",
+        "top",
+        "-x",
+        "160",
+        "-y",
+        "20",
+        "--",
+    ];
+    args.extend(top);
+    let out = tmux.run(&args);
+    assert!(out.status.success(), "{out:?}");
+    let shows = |what: &[&str]| {
+        let deadline = std::time::Instant::now() + t.eventually();
+        loop {
+            let screen = tmux.screen();
+            if what.iter().all(|w| screen.contains(w)) {
+                return screen;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never showed {what:?}:\n{screen}"
+            );
+            std::thread::sleep(t.ms(50));
+        }
+    };
+    let screen = shows(&["jobs:a", "exclusive", "1 held"]);
+    assert!(screen.contains("fenced top: sqlite://"), "{screen}");
+    // It looks again on its own: a lock taken later shows.
+    let mut second =
+        fenced_testkit::process::spawn_run(bin.as_ref(), &url, "jobs:b", &[], &["sleep", "60"]);
+    shows(&["jobs:a", "jobs:b", "2 held"]);
+    tmux.run(&["send-keys", "-t", "top", "q"]);
+    let deadline = std::time::Instant::now() + t.eventually();
+    while tmux.run(&["has-session", "-t", "top"]).status.success() {
+        assert!(std::time::Instant::now() < deadline, "q did not quit");
+        std::thread::sleep(t.ms(50));
+    }
+    for h in [&mut first, &mut second] {
+        fenced_testkit::process::kill_group(h);
+    }
+}
+
 #[test]
 fn unlock_breaks_a_held_lock_only_with_force() {
     let dir = tempfile::tempdir().unwrap();
@@ -340,7 +436,7 @@ fn completions_and_man_pages_name_every_command() {
         String::from_utf8(out.stdout).unwrap()
     };
     let commands = [
-        "run", "status", "unlock", "doctor", "demo", "bench", "torture",
+        "run", "status", "list", "top", "unlock", "doctor", "demo", "bench", "torture",
     ];
     for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
         let script = text(&["completions", shell]);
