@@ -892,6 +892,73 @@ fn doctor_fails_a_redis_that_forgets_its_locks_in_a_restart() {
     assert!(verdict(&text, "eviction").contains("FAIL"), "{text}");
 }
 
+/// ZooKeeper: one address is a warning (no fault tolerance unless it
+/// fronts an ensemble), three pass; the session the server granted is
+/// the one asked for at the defaults.
+#[test]
+fn doctor_reads_zookeeper_ensembles() {
+    use fenced_testkit::servers::zookeeper::ZkEnsemble;
+    let one = ZkEnsemble::start();
+    let (code, text) = doctor(&one.url());
+    assert_eq!(code, Some(0), "{text}");
+    assert!(verdict(&text, "ensemble").contains("WARN"), "{text}");
+    assert!(verdict(&text, "session").contains("PASS"), "{text}");
+    drop(one);
+    let three = ZkEnsemble::start_n(3);
+    let (code, text) = doctor(&three.url());
+    assert_eq!(code, Some(0), "{text}");
+    assert!(verdict(&text, "ensemble").contains("PASS"), "{text}");
+    assert!(
+        verdict(&text, "ensemble").contains("survives 1 down"),
+        "{text}"
+    );
+}
+
+/// etcd: one member is a warning, three pass, and the member answering
+/// has a leader.
+#[cfg(feature = "etcd")]
+#[test]
+fn doctor_reads_etcd_clusters() {
+    use fenced_testkit::servers::etcd::EtcdCluster;
+    let one = EtcdCluster::start();
+    let (code, text) = doctor(&one.url());
+    assert_eq!(code, Some(0), "{text}");
+    assert!(verdict(&text, "cluster").contains("WARN"), "{text}");
+    assert!(verdict(&text, "leader").contains("PASS"), "{text}");
+    drop(one);
+    let three = EtcdCluster::start_n(3);
+    let (code, text) = doctor(&three.url());
+    assert_eq!(code, Some(0), "{text}");
+    assert!(verdict(&text, "cluster").contains("PASS"), "{text}");
+    assert!(verdict(&text, "leader").contains("PASS"), "{text}");
+}
+
+/// Sentinel and Cluster fail over: with min_replicas=0 (the default) a
+/// promoted replica may never have had a grant, a warning; with
+/// min_replicas=1 and a replica there, a pass; with more asked than there
+/// are, a failure. The test kit's servers keep no data, a failure too.
+#[test]
+fn doctor_reads_failover_settings_of_sentinel_and_cluster() {
+    use fenced_testkit::servers::redis::{RedisCluster, RedisSentinel};
+    let group = RedisSentinel::start();
+    let (code, text) = doctor(&group.url());
+    assert_eq!(code, Some(1), "{text}");
+    assert!(verdict(&text, "replication").contains("WARN"), "{text}");
+    assert!(verdict(&text, "persistence").contains("FAIL"), "{text}");
+    let (_, text) = doctor(&format!("{}?min_replicas=1", group.url()));
+    assert!(verdict(&text, "replication").contains("PASS"), "{text}");
+    let (_, text) = doctor(&format!("{}?min_replicas=3", group.url()));
+    assert!(verdict(&text, "replication").contains("FAIL"), "{text}");
+    drop(group);
+    let cluster = RedisCluster::start_with_replicas(3, true);
+    let (code, text) = doctor(&cluster.url());
+    assert_eq!(code, Some(1), "{text}");
+    assert!(verdict(&text, "replication").contains("WARN"), "{text}");
+    assert!(verdict(&text, "persistence").contains("FAIL"), "{text}");
+    let (_, text) = doctor(&format!("{}?min_replicas=1", cluster.url()));
+    assert!(verdict(&text, "replication").contains("PASS"), "{text}");
+}
+
 /// PostgreSQL: fenced's own sessions commit durably whatever the
 /// server's default; the test kit's fsync=off (a speed trade for tests)
 /// is a failing check, as it would be on a user's server.
