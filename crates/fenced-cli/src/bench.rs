@@ -117,11 +117,28 @@ struct Report {
     json: bool,
     /// What was benched: the topology, or the URL's scheme (and mode).
     target: String,
+    /// Every row so far, for the tables at the end.
+    rows: std::sync::Mutex<Vec<serde_json::Value>>,
 }
 
 impl Report {
+    /// The run's rows as the tables `--table` prints, each figure beside
+    /// the engine's limit (text output only: JSON is the rows).
+    fn tables(&self) -> anyhow::Result<Option<String>> {
+        if self.json {
+            return Ok(None);
+        }
+        let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        let jsonl: Vec<String> = rows.iter().map(|r| r.to_string()).collect();
+        tables(&jsonl.join("\n")).map(Some)
+    }
+
     fn row(&self, mut v: serde_json::Value) {
         v["target"] = json!(self.target);
+        self.rows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(v.clone());
         if self.json {
             println!("{v}");
             return;
@@ -196,6 +213,7 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     let report = Report {
         json: args.json,
         target,
+        rows: Default::default(),
     };
     let limits = redis_limits(&url)?;
     if let Some(l) = &limits {
@@ -336,6 +354,10 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
     client.close().await;
     if let Some(r) = raw {
         r.close().await;
+    }
+    if let Some(t) = report.tables()? {
+        println!();
+        print!("{t}");
     }
     if let Some(path) = &args.plot {
         plot.draw(path, &scheme)?;
@@ -1027,13 +1049,14 @@ fn tables(jsonl: &str) -> anyhow::Result<String> {
             r["p999_us"],
         );
     }
-    out += "\n### S2 contended (8 processes, one lock, read-modify-write of a counter)\n\n\
-             | target | fair | acquisitions/s | wait p50 / p99 µs | Jain | run length mean (max) | server requests per acquisition | lost updates |\n\
-             |---|---|---|---|---|---|---|---|\n";
+    out += "\n### S2 contended (processes on one lock, read-modify-write of a counter)\n\n\
+             | target | processes | fair | acquisitions/s | wait p50 / p99 µs | Jain | run length mean (max) | server requests per acquisition | lost updates |\n\
+             |---|---|---|---|---|---|---|---|---|\n";
     for r in of("S2") {
         out += &format!(
-            "| {} | {} | {:.0} | {} / {} | {:.2} | {:.1} ({}) | {} | {} |\n",
+            "| {} | {} | {} | {:.0} | {} / {} | {:.2} | {:.1} ({}) | {} | {} |\n",
             t(r),
+            r["clients"],
             r["fair"],
             num(r, "ops_per_sec"),
             r["p50_us"],
@@ -1047,12 +1070,13 @@ fn tables(jsonl: &str) -> anyhow::Result<String> {
             r["lost_updates"]
         );
     }
-    out += "\n### S3 many keys (8 processes, 1,024 keys)\n\n\
-             | target | ops/s | p50 µs | p99 µs |\n|---|---|---|---|\n";
+    out += "\n### S3 many keys (processes over 1,024 keys)\n\n\
+             | target | processes | ops/s | p50 µs | p99 µs |\n|---|---|---|---|---|\n";
     for r in of("S3") {
         out += &format!(
-            "| {} | {:.0} | {} | {} |\n",
+            "| {} | {} | {:.0} | {} | {} |\n",
             t(r),
+            r["clients"],
             num(r, "ops_per_sec"),
             r["p50_us"],
             r["p99_us"]
@@ -1102,5 +1126,26 @@ fn tables(jsonl: &str) -> anyhow::Result<String> {
             num(r, "ops_per_sec")
         );
     }
-    Ok(out)
+    Ok(without_empty_sections(&out))
+}
+
+/// `text` without the `### ` sections whose table has no row (scenarios
+/// the run did not have).
+fn without_empty_sections(text: &str) -> String {
+    let mut out = String::new();
+    for (i, section) in text.split("\n### ").enumerate() {
+        let rows = section.lines().filter(|l| l.starts_with("| ")).count();
+        // A header row and no other: nothing was measured.
+        if rows > 1 {
+            if !out.is_empty() {
+                out += "\n";
+            }
+            if i > 0 {
+                out += "### ";
+            }
+            out += section.trim_end_matches('\n');
+            out += "\n";
+        }
+    }
+    out
 }

@@ -163,3 +163,32 @@ fn bad_plot_path_is_refused_before_any_work() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--plot writes SVG"), "{err}");
 }
+
+/// Without --json, a run ends with its tables (those of the scenarios it
+/// ran), as `--table` prints them for docs/benchmarks.md.
+#[test]
+fn a_run_on_a_terminal_ends_with_its_tables() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+    let out = Command::new(env!("CARGO_BIN_EXE_fenced"))
+        .args([
+            "--backend",
+            &url,
+            "bench",
+            "s2",
+            "--duration",
+            "1s",
+            "--processes",
+            "2",
+        ])
+        .output()
+        .expect("run fenced bench");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("### S2 contended"), "{text}");
+    assert!(text.contains("| sqlite | 2 | false |"), "{text}");
+    assert!(
+        !text.contains("### S3") && !text.contains("### F1"),
+        "{text}"
+    );
+}
