@@ -49,8 +49,14 @@ fn keys() -> tokio::sync::mpsc::UnboundedReceiver<Key> {
     std::thread::spawn(move || {
         while !tx.is_closed() {
             // A tenth of a second at a time, to notice the view has gone.
-            if !event::poll(Duration::from_millis(100)).unwrap_or(false) {
-                continue;
+            // A terminal that cannot be read ends the view.
+            match event::poll(Duration::from_millis(100)) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(_) => {
+                    let _ = tx.send(Key::Quit);
+                    break;
+                }
             }
             let Ok(Event::Key(k)) = event::read() else {
                 continue;
@@ -78,10 +84,26 @@ async fn show(
     mut keys: tokio::sync::mpsc::UnboundedReceiver<Key>,
     terminal: &mut ratatui::DefaultTerminal,
 ) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // SIGTERM and SIGHUP end the view as q does, so the terminal is put
+    // back (raw mode has turned Ctrl-C into a key).
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let mut locks = Vec::new();
     loop {
+        // Keys and signals are heard while it looks, too: a slow server
+        // or a long list must not keep q from quitting.
+        let looked = tokio::select! {
+            looked = client.list(&args.prefix) => looked,
+            key = keys.recv() => match key {
+                Some(Key::Refresh) => continue,
+                Some(Key::Quit) | None => return Ok(()),
+            },
+            _ = term.recv() => return Ok(()),
+            _ = hup.recv() => return Ok(()),
+        };
         // A failed look keeps the last view and says why.
-        let said = match client.list(&args.prefix).await {
+        let said = match looked {
             Ok(l) => {
                 locks = l;
                 format!(
@@ -97,6 +119,8 @@ async fn show(
                 Some(Key::Refresh) => {}
                 Some(Key::Quit) | None => return Ok(()),
             },
+            _ = term.recv() => return Ok(()),
+            _ = hup.recv() => return Ok(()),
             _ = tokio::time::sleep(args.interval) => {}
         }
     }

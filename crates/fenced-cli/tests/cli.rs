@@ -178,9 +178,8 @@ fn run_speaks_flock_and_status_is_a_test() {
     }
 }
 
-/// `fenced unlock`: refused on a held lock without `--force`; with it, the
-/// holder (a `fenced run` with the default 30 s lease) is told at its next
-/// renewal and its command killed; on a free lock, nothing to do.
+/// `fenced list`: nothing on an empty backend; then each held lock, in
+/// name order, as JSON lines under a prefix and as a table without one.
 #[test]
 fn list_shows_the_held_locks_as_a_table_and_as_json() {
     let dir = tempfile::tempdir().unwrap();
@@ -281,16 +280,13 @@ fn top_shows_the_locks_live_in_a_terminal_and_quits_on_q() {
     let mut first = fenced_testkit::process::spawn_run(bin, &url, "jobs:a", &[], &["sleep", "60"]);
     let tmux = Tmux::new();
     let bin = bin.to_str().unwrap();
-    let top = [
-        bin,
-        "--backend",
-        &url,
-        "top",
-        "jobs:",
-        "--interval",
-        "200ms",
-    ];
-    let mut args = vec![
+    // Through sh, to keep top's exit code.
+    let code = dir.path().join("code");
+    let top = format!(
+        "'{bin}' --backend '{url}' top jobs: --interval 200ms; echo $? > '{}'",
+        code.display()
+    );
+    let args = [
         "new-session",
         "-d",
         "-s",
@@ -300,8 +296,10 @@ fn top_shows_the_locks_live_in_a_terminal_and_quits_on_q() {
         "-y",
         "20",
         "--",
+        "sh",
+        "-c",
+        &top,
     ];
-    args.extend(top);
     let out = tmux.run(&args);
     assert!(out.status.success(), "{out:?}");
     let shows = |what: &[&str]| {
@@ -330,11 +328,16 @@ fn top_shows_the_locks_live_in_a_terminal_and_quits_on_q() {
         assert!(std::time::Instant::now() < deadline, "q did not quit");
         std::thread::sleep(t.ms(50));
     }
+    let code = std::fs::read_to_string(&code).expect("top's exit code");
+    assert_eq!(code.trim(), "0");
     for h in [&mut first, &mut second] {
         fenced_testkit::process::kill_group(h);
     }
 }
 
+/// `fenced unlock`: refused on a held lock without `--force`; with it, the
+/// holder (a `fenced run` with the default 30 s lease) is told at its next
+/// renewal and its command killed; on a free lock, nothing to do.
 #[test]
 fn unlock_breaks_a_held_lock_only_with_force() {
     let dir = tempfile::tempdir().unwrap();

@@ -37,6 +37,13 @@ pub struct Client {
     pub(crate) inner: Arc<Engine>,
 }
 
+/// How long [`Client::list`] may take to find the names: a scan of every
+/// key of a large Redis or etcd is many requests.
+pub const LIST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How many statuses [`Client::list`] asks at a time.
+pub const LIST_CONCURRENCY: usize = 32;
+
 /// A lock that [`Client::list`] found held or waited for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -235,21 +242,51 @@ impl Client {
     /// assert_eq!(held[0].status.holders[0].token, g.fencing_token());
     /// # Ok::<_, fenced::Error>(()) }).unwrap();
     /// ```
+    ///
+    /// The names are found within [`LIST_TIMEOUT`] (a scan may take many
+    /// requests, each within the request timeout), and their statuses
+    /// asked [`LIST_CONCURRENCY`] at a time. A name the backend turns out
+    /// not to take as a lock (an application's key of the same shape) is
+    /// passed over.
     pub async fn list(&self, prefix: &str) -> Result<Vec<LockEntry>> {
-        let mut names = self.inner.read("names", |b| b.names(prefix)).await?;
+        let mut names = self
+            .inner
+            .read_within(LIST_TIMEOUT, "names", |b| b.names(prefix))
+            .await?;
         names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
         names.dedup();
+        let mut asked = tokio::task::JoinSet::new();
         let mut out = Vec::new();
-        for name in names {
-            let status = self.inner.read("status", |b| b.status(&name)).await?;
-            if !status.is_free() || status.waiters > 0 {
-                out.push(LockEntry {
-                    name: name.as_str().to_owned(),
-                    status,
+        let mut names = names.into_iter().enumerate();
+        loop {
+            while asked.len() < LIST_CONCURRENCY {
+                let Some((i, name)) = names.next() else { break };
+                let inner = self.inner.clone();
+                asked.spawn(async move {
+                    let status = inner.read("status", |b| b.status(&name)).await;
+                    (i, name, status)
                 });
             }
+            let Some(done) = asked.join_next().await else {
+                break;
+            };
+            let (i, name, status) =
+                done.map_err(|e| Error::unavailable(format!("a status call failed: {e}")))?;
+            match status {
+                Ok(status) if !status.is_free() || status.waiters > 0 => out.push((
+                    i,
+                    LockEntry {
+                        name: name.as_str().to_owned(),
+                        status,
+                    },
+                )),
+                Ok(_) => {}
+                Err(e) if e.kind() == crate::ErrorKind::InvalidInput => {}
+                Err(e) => return Err(e),
+            }
         }
-        Ok(out)
+        out.sort_unstable_by_key(|(i, _)| *i);
+        Ok(out.into_iter().map(|(_, e)| e).collect())
     }
 
     /// Checks the settings of the server (or, for SQLite, the host) that

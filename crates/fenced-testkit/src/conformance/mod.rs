@@ -247,14 +247,22 @@ pub async fn waiters_of_one_client_outlast_leaked_holds(fx: &Fixture) {
 
 /// `list` shows the locks under a prefix that are held (with their
 /// holders' tokens) or waited for, and not those released, nor those
-/// under another prefix; once everything is let go, nothing.
+/// under another prefix: the prefix is text, not a pattern (`%` and `_`
+/// match themselves, case counts, non-ASCII too); once everything is let
+/// go, nothing.
 pub async fn list_shows_what_is_held_or_waited_for(fx: &Fixture) {
     let t = Timing::default();
-    let p = format!("{}-", unique("list"));
+    let u = unique("list");
+    let p = format!("{u}%_Aé-");
     let (a, b) = fx.two_clients().await;
     let held = a.mutex(&format!("{p}a")).unwrap().acquire().await.unwrap();
     let other = unique("unlisted");
     let elsewhere = a.mutex(&other).unwrap().acquire().await.unwrap();
+    // What `LIKE 'p%'` would take for the prefix: wildcards, and another case.
+    let mut decoys = Vec::new();
+    for d in [format!("{u}zzAé-d"), format!("{u}%_aé-e")] {
+        decoys.push(a.mutex(&d).unwrap().acquire().await.unwrap());
+    }
     let contended = b.mutex(&format!("{p}b")).unwrap().acquire().await.unwrap();
     let waiter = a.mutex(&format!("{p}b")).unwrap();
     let waiting = tokio::spawn(async move { waiter.acquire().await });
@@ -278,7 +286,7 @@ pub async fn list_shows_what_is_held_or_waited_for(fx: &Fixture) {
 
     waiting.abort();
     let _ = waiting.await;
-    for g in [held, elsewhere, contended] {
+    for g in [held, elsewhere, contended].into_iter().chain(decoys) {
         assert!(g.release().await.unwrap());
     }
     // The dropped waiter's place is withdrawn in the background.

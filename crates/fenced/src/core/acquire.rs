@@ -316,7 +316,12 @@ async fn run_inner(
         {
             Ok(outcome) => outcome,
             Err(e) => {
-                if let Some(i) = interest.take() {
+                // The server failing this waiter fails the others too; its
+                // own deadline passing says nothing of them (a thousand
+                // timed waiters on a slow server would each wake the rest).
+                if let Some(i) = interest.take()
+                    && deadline.is_none_or(|d| Instant::now() < d)
+                {
                     i.failed();
                 }
                 return Err(e);
@@ -402,6 +407,11 @@ async fn run_inner(
                 // An earlier queue place, if any, is withdrawn by the cleanup.
                 if attempt.ticket.is_none() {
                     cleanup.disarm();
+                }
+                // Refused for what it asked (a semaphore of another size):
+                // a release it was called for may serve another.
+                if let Some(i) = interest.take() {
+                    i.pass();
                 }
                 return Err(Error::invalid(why));
             }

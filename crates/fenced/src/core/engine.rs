@@ -55,9 +55,21 @@ impl Engine {
     pub(crate) async fn read<'a, T: Send + 'a>(
         &'a self,
         op: &'static str,
+        f: impl FnMut(&'a dyn Backend) -> crate::spi::Reply<'a, T>,
+    ) -> Result<T> {
+        self.read_within(self.backend.request_timeout(), op, f)
+            .await
+    }
+
+    /// [`read`](Self::read) bounded by `limit` instead: a read made of
+    /// many requests (a scan of the keys), each bounded by the request
+    /// timeout in the backend.
+    pub(crate) async fn read_within<'a, T: Send + 'a>(
+        &'a self,
+        limit: std::time::Duration,
+        op: &'static str,
         mut f: impl FnMut(&'a dyn Backend) -> crate::spi::Reply<'a, T>,
     ) -> Result<T> {
-        let limit = self.backend.request_timeout();
         let scheme = self.backend.scheme();
         let until = tokio::time::Instant::now() + limit;
         let backend = &*self.backend;

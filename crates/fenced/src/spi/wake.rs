@@ -282,6 +282,8 @@ enum Outcome {
     Waiting,
     Granted,
     Failed,
+    /// Answered for itself alone: a call passes on.
+    Passed,
 }
 
 /// A waiter's interest in one name.
@@ -355,6 +357,13 @@ impl Interest {
         self.outcome = Outcome::Granted;
     }
 
+    /// Ends the wait with an answer that said nothing of the lock (the
+    /// request itself refused): the call, if it had one, goes on to the
+    /// next.
+    pub(crate) fn pass(mut self) {
+        self.outcome = Outcome::Passed;
+    }
+
     /// Ends the wait with an error (the server unreachable, most likely):
     /// every other waiter of the name looks for itself, as each would
     /// have had it been woken, rather than one after another.
@@ -373,6 +382,7 @@ impl Drop for Interest {
         let called = self.slot.called.load(Ordering::Acquire);
         match self.outcome {
             Outcome::Failed => slots.iter().for_each(|s| s.wake()),
+            Outcome::Passed => call_one(slots),
             Outcome::Granted if self.slot.wake == (Wake::One { chain: true }) => call_one(slots),
             Outcome::Granted => {}
             // A call it had and never answered goes to the next.

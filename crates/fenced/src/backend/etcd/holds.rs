@@ -105,7 +105,7 @@ impl LockBackend for EtcdBackend {
                     .get(from.clone(), Some(options))
                     .await
                     .map_err(|e| inner.err(e))?;
-                names.extend(r.kvs().iter().filter_map(|kv| lock_of_key(kv.key())));
+                names.extend(r.kvs().iter().filter_map(lock_of_key));
                 match r.kvs().last() {
                     Some(last) if r.more() => {
                         from = last.key().to_vec();

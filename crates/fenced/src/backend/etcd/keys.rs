@@ -33,10 +33,17 @@ pub(super) fn range_end(prefix: &[u8]) -> Vec<u8> {
 }
 
 /// The lock a key is a hold or queue place of: `N` for `N/<lease in hex>`
-/// or `N/<lease in hex>_<k>`; `None` for fenced's own records and for keys
-/// of other shapes (the application's data).
-pub(super) fn lock_of_key(key: &[u8]) -> Option<LockName> {
-    let (name, last) = std::str::from_utf8(key).ok()?.rsplit_once('/')?;
+/// or `N/<lease in hex>_<k>` on a lease (a hold lives on its session);
+/// `None` for fenced's own records and for keys of other shapes or with
+/// no lease (the application's data).
+pub(super) fn lock_of_key(kv: &KeyValue) -> Option<LockName> {
+    if kv.lease() == 0 {
+        return None;
+    }
+    let (name, last) = std::str::from_utf8(kv.key()).ok()?.rsplit_once('/')?;
+    if name.is_empty() || name.ends_with('/') {
+        return None;
+    }
     let (lease, nth) = last.split_once('_').unwrap_or((last, "0"));
     let shaped = !lease.is_empty()
         && lease

@@ -46,11 +46,12 @@ impl RedisBackend {
 }
 
 /// The lock names whose keys end in `rest` (see `beside`): `{X}` is the
-/// key of name `X` and of name `{X}` alike, so both are candidates (the
-/// status of each tells which is held); any other `rest` is the name.
+/// key of name `X` (one with no `{tag}` of its own, braces and all) and
+/// of name `{X}` alike, so both are candidates (the status of each tells
+/// which is held); any other `rest` is the name.
 fn candidates(rest: &str) -> Vec<String> {
     match rest.strip_prefix('{').and_then(|r| r.strip_suffix('}')) {
-        Some(x) if !x.is_empty() && !x.contains(['{', '}']) => vec![x.to_owned(), rest.to_owned()],
+        Some(x) if !x.is_empty() => vec![x.to_owned(), rest.to_owned()],
         _ => vec![rest.to_owned()],
     }
 }
@@ -73,11 +74,13 @@ async fn scan(conn: Conn, pattern: &str) -> redis::RedisResult<Vec<String>> {
             }
         }
         Conn::Cluster(mut c) => {
-            let nodes: String = redis::cmd("CLUSTER")
-                .arg("NODES")
+            // The masters as `CLUSTER SLOTS` names them: the addresses the
+            // cluster client keeps its connections by.
+            let slots: redis::Value = redis::cmd("CLUSTER")
+                .arg("SLOTS")
                 .query_async(&mut c)
                 .await?;
-            for (host, port) in masters(&nodes) {
+            for (host, port) in masters(&slots) {
                 let mut cursor = 0;
                 loop {
                     let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
@@ -110,21 +113,34 @@ fn step(cursor: u64, pattern: &str) -> redis::Cmd {
     cmd
 }
 
-/// The live masters in `CLUSTER NODES`' answer, as host and port.
-fn masters(nodes: &str) -> Vec<(String, u16)> {
-    nodes
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let flags = fields.get(2)?;
-            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
-                return None;
-            }
-            let addr = fields.get(1)?.split('@').next()?;
-            let (host, port) = addr.rsplit_once(':')?;
-            Some((host.to_owned(), port.parse().ok()?))
-        })
-        .collect()
+/// The master of each slot range in `CLUSTER SLOTS`' answer (its first
+/// node), as host and port, each once.
+fn masters(slots: &redis::Value) -> Vec<(String, u16)> {
+    use redis::Value as V;
+    let text = |v: &V| match v {
+        V::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        V::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let mut out: Vec<(String, u16)> = Vec::new();
+    let V::Array(ranges) = slots else {
+        return out;
+    };
+    for range in ranges {
+        let V::Array(range) = range else { continue };
+        let Some(V::Array(master)) = range.get(2) else {
+            continue;
+        };
+        let (Some(host), Some(V::Int(port))) = (master.first().and_then(text), master.get(1))
+        else {
+            continue;
+        };
+        let master = (host, *port as u16);
+        if !out.contains(&master) {
+            out.push(master);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -136,16 +152,26 @@ mod tests {
         assert_eq!(candidates("{orders:1}"), ["orders:1", "{orders:1}"]);
         assert_eq!(candidates("orders:{42}"), ["orders:{42}"]);
         assert_eq!(candidates("{}"), ["{}"]);
-        let nodes = "a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460\n\
-                     b2 127.0.0.1:7001@17001 slave a1 0 0 1 connected\n\
-                     c3 127.0.0.1:7002@17002 master,fail - 0 0 3 connected\n\
-                     d4 127.0.0.1:7003@17003 master - 0 0 2 connected 5461-16383";
+        assert_eq!(candidates("{a{b}"), ["a{b", "{a{b}"]);
+        use redis::Value as V;
+        let node = |port: i64| {
+            V::Array(vec![
+                V::BulkString(b"10.0.0.1".to_vec()),
+                V::Int(port),
+                V::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range = |a: i64, b: i64, master: i64, replica: i64| {
+            V::Array(vec![V::Int(a), V::Int(b), node(master), node(replica)])
+        };
+        let slots = V::Array(vec![
+            range(0, 100, 7000, 7001),
+            range(101, 200, 7002, 7003),
+            range(201, 300, 7000, 7001),
+        ]);
         assert_eq!(
-            masters(nodes),
-            [
-                ("127.0.0.1".to_owned(), 7000),
-                ("127.0.0.1".to_owned(), 7003)
-            ]
+            masters(&slots),
+            [("10.0.0.1".to_owned(), 7000), ("10.0.0.1".to_owned(), 7002)]
         );
     }
 }

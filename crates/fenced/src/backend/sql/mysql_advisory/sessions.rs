@@ -248,14 +248,15 @@ impl Shared {
                     _ => break false,
                 }
             };
-            let withdrawn = {
+            let (withdrawn, failed) = {
                 let mut st = unpoisoned(&p.state);
-                if won && matches!(*st, Probe::Waiting) {
+                let waiting = matches!(*st, Probe::Waiting);
+                if won && waiting {
                     *st = Probe::Won(s);
-                    None
+                    (None, false)
                 } else {
                     *st = Probe::Over;
-                    Some(s)
+                    (Some(s), waiting)
                 }
             };
             if let Some(s) = withdrawn {
@@ -267,13 +268,15 @@ impl Shared {
                 } else {
                     let _ = s.conn.close().await;
                 }
+                // Failed with its waiter still there: the waiter starts
+                // over now, not at its next look.
+                if failed {
+                    me.table.wakeups().wake_ticket(name.as_str(), ticket);
+                }
                 return;
             }
-            // Its own waiter looks (and adopts the lock, or starts over).
+            // Its own waiter adopts the lock.
             me.table.wakeups().wake_ticket(name.as_str(), ticket);
-            if !won {
-                return;
-            }
             // A live waiter adopts the lock within moments; one that went
             // away without withdrawing must not keep it.
             tokio::time::sleep(QUEUE_TTL).await;
