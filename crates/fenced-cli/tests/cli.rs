@@ -895,6 +895,17 @@ fn doctor_fails_a_redis_that_forgets_its_locks_in_a_restart() {
     assert!(verdict(&text, "eviction").contains("FAIL"), "{text}");
 }
 
+/// `fenced doctor URL` exits with `code`, each of `verdicts`' checks
+/// with its verdict (and the text given, if any).
+fn doctor_says(url: &str, code: i32, verdicts: &[(&str, &str, &str)]) {
+    let (exit, text) = doctor(url);
+    assert_eq!(exit, Some(code), "{text}");
+    for (check, said, detail) in verdicts {
+        let line = verdict(&text, check);
+        assert!(line.contains(said) && line.contains(detail), "{text}");
+    }
+}
+
 /// ZooKeeper: one address is a warning (no fault tolerance unless it
 /// fronts an ensemble), three pass; the session the server granted is
 /// the one asked for at the defaults.
@@ -902,19 +913,14 @@ fn doctor_fails_a_redis_that_forgets_its_locks_in_a_restart() {
 fn doctor_reads_zookeeper_ensembles() {
     use fenced_testkit::servers::zookeeper::ZkEnsemble;
     let one = ZkEnsemble::start();
-    let (code, text) = doctor(&one.url());
-    assert_eq!(code, Some(0), "{text}");
-    assert!(verdict(&text, "ensemble").contains("WARN"), "{text}");
-    assert!(verdict(&text, "session").contains("PASS"), "{text}");
+    doctor_says(
+        &one.url(),
+        0,
+        &[("ensemble", "WARN", ""), ("session", "PASS", "")],
+    );
     drop(one);
     let three = ZkEnsemble::start_n(3);
-    let (code, text) = doctor(&three.url());
-    assert_eq!(code, Some(0), "{text}");
-    assert!(verdict(&text, "ensemble").contains("PASS"), "{text}");
-    assert!(
-        verdict(&text, "ensemble").contains("survives 1 down"),
-        "{text}"
-    );
+    doctor_says(&three.url(), 0, &[("ensemble", "PASS", "survives 1 down")]);
 }
 
 /// etcd: one member is a warning, three pass, and the member answering
@@ -924,16 +930,15 @@ fn doctor_reads_zookeeper_ensembles() {
 fn doctor_reads_etcd_clusters() {
     use fenced_testkit::servers::etcd::EtcdCluster;
     let one = EtcdCluster::start();
-    let (code, text) = doctor(&one.url());
-    assert_eq!(code, Some(0), "{text}");
-    assert!(verdict(&text, "cluster").contains("WARN"), "{text}");
-    assert!(verdict(&text, "leader").contains("PASS"), "{text}");
+    doctor_says(
+        &one.url(),
+        0,
+        &[("cluster", "WARN", ""), ("leader", "PASS", "")],
+    );
     drop(one);
     let three = EtcdCluster::start_n(3);
-    let (code, text) = doctor(&three.url());
-    assert_eq!(code, Some(0), "{text}");
-    assert!(verdict(&text, "cluster").contains("PASS"), "{text}");
-    assert!(verdict(&text, "leader").contains("PASS"), "{text}");
+    let survives = ("cluster", "PASS", "survives 1 down");
+    doctor_says(&three.url(), 0, &[survives, ("leader", "PASS", "")]);
 }
 
 /// Sentinel and Cluster fail over: with min_replicas=0 (the default) a

@@ -77,6 +77,22 @@ pub async fn hold(client: &fenced::Client, name: &str, lease: fenced::Lease) -> 
     mutex.acquire().await.unwrap()
 }
 
+/// `client.list(name)` shows `name` alone, with the holders (owners and
+/// tokens) `status` showed: for a lock a foreign client holds in
+/// fenced's layout (Curator's nodes, `etcdctl lock`'s keys).
+pub async fn assert_listed(client: &fenced::Client, name: &str, status: &fenced::LockStatus) {
+    let listed = client.list(name).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let who = |s: &fenced::LockStatus| -> Vec<(String, u64)> {
+        s.holders
+            .iter()
+            .map(|h| (h.owner.clone(), h.token))
+            .collect()
+    };
+    assert_eq!(listed[0].name, name);
+    assert_eq!(who(&listed[0].status), who(status));
+}
+
 /// Each of `suffixes` after `base` makes a URL that `Client::connect`
 /// refuses as bad input.
 pub async fn refuses_urls(base: &str, suffixes: &[&str]) {

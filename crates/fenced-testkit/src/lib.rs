@@ -18,8 +18,8 @@ pub mod tls;
 pub mod torture;
 
 pub use fixture::{
-    Fixture, Isolated, fails_at_once, hold, names_stay_data, one_holds, refuses_urls, two_clients,
-    two_holds_in_turn, unique,
+    Fixture, Isolated, assert_listed, fails_at_once, hold, names_stay_data, one_holds,
+    refuses_urls, two_clients, two_holds_in_turn, unique,
 };
 pub use timing::Timing;
 

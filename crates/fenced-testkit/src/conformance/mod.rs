@@ -698,8 +698,32 @@ pub async fn cancelled_wait_leaves_nothing(fx: &Fixture) {
 
 /// Fair waiters get the lock in the order they asked for it.
 pub async fn fair_mode_is_fifo(fx: &Fixture) {
+    let mut clients = Vec::new();
+    for _ in 0..5 {
+        clients.push(fx.client().await);
+    }
+    fair_line(fx, "fifo", clients, Duration::ZERO).await;
+}
+
+/// Fair waiters keep their places in line through a long wait, three
+/// tasks of one client and two of another: a client wakes one of its
+/// waiters at a time, and a queue place that lives on a lease (a lease
+/// table's, Redis's: 10 s after its waiter last asked) must not run out
+/// for the tasks that are not woken, or they would lose their turn to
+/// the other client's.
+pub async fn fair_waiters_of_one_client_keep_their_places(fx: &Fixture) {
+    let (one, other) = (fx.client().await, fx.client().await);
+    let clients = vec![one.clone(), one.clone(), one, other.clone(), other];
+    // Longer than a queue place lives unless its waiter asks again.
+    fair_line(fx, "places", clients, Timing::default().ms(13_000)).await;
+}
+
+/// A fair waiter on each of `clients` in turn, each queued before the
+/// next asks, behind a holder that keeps the lock `linger` longer (every
+/// place still there then): they get the lock in the order they asked.
+async fn fair_line(fx: &Fixture, stem: &str, clients: Vec<fenced::Client>, linger: Duration) {
     let t = Timing::default();
-    let name = unique("fifo");
+    let name = unique(stem);
     let holder = fx.client().await;
     let g = holder
         .mutex(&name)
@@ -710,8 +734,7 @@ pub async fn fair_mode_is_fifo(fx: &Fixture) {
         .unwrap();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
-    for i in 0..5 {
-        let c = fx.client().await;
+    for (i, c) in clients.iter().enumerate() {
         let order = order.clone();
         let lock = c.mutex(&name).unwrap().fair(true);
         waiters.push(tokio::spawn(async move {
@@ -725,57 +748,12 @@ pub async fn fair_mode_is_fifo(fx: &Fixture) {
         t.wait_until(&format!("waiter {i} never queued"), queued)
             .await;
     }
-    assert!(g.release().await.unwrap());
-    for w in waiters {
-        timeout(t.eventually(), w)
-            .await
-            .expect("every fair waiter gets its turn")
-            .unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
-}
-
-/// Fair waiters keep their places in line through a long wait, three
-/// tasks of one client and two of another: a client wakes one of its
-/// waiters at a time, and a queue place that lives on a lease (a lease
-/// table's, Redis's: 10 s after its waiter last asked) must not run out
-/// for the tasks that are not woken, or they would lose their turn to
-/// the other client's.
-pub async fn fair_waiters_of_one_client_keep_their_places(fx: &Fixture) {
-    let t = Timing::default();
-    let name = unique("places");
-    let holder = fx.client().await;
-    let g = holder
-        .mutex(&name)
-        .unwrap()
-        .fair(true)
-        .acquire()
-        .await
-        .unwrap();
-    let (one, other) = (fx.client().await, fx.client().await);
-    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    for i in 0..5 {
-        let order = order.clone();
-        let lock = if i < 3 { &one } else { &other }
-            .mutex(&name)
-            .unwrap()
-            .fair(true);
-        waiters.push(tokio::spawn(async move {
-            let g = lock.acquire().await.unwrap();
-            order.lock().unwrap().push(i);
-            g.release().await.unwrap();
-        }));
-        let queued = async || holder.status(&name).await.unwrap().waiters > i;
-        t.wait_until(&format!("waiter {i} never queued"), queued)
-            .await;
-    }
-    // Longer than a queue place lives unless its waiter asks again.
-    tokio::time::sleep(t.ms(13_000)).await;
+    tokio::time::sleep(linger).await;
+    let status = holder.status(&name).await.unwrap();
     assert_eq!(
-        holder.status(&name).await.unwrap().waiters,
-        5,
-        "every place kept"
+        status.waiters,
+        clients.len(),
+        "every place kept: {status:?}"
     );
     assert!(g.release().await.unwrap());
     for w in waiters {
@@ -784,7 +762,8 @@ pub async fn fair_waiters_of_one_client_keep_their_places(fx: &Fixture) {
             .expect("every fair waiter gets its turn")
             .unwrap();
     }
-    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+    let asked: Vec<usize> = (0..clients.len()).collect();
+    assert_eq!(*order.lock().unwrap(), asked);
 }
 
 /// A backend without fair mode refuses it with a clear error and takes

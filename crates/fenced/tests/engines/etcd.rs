@@ -61,16 +61,7 @@ async fn etcdctl_lock_interop_both_ways() {
     let st = client.status(&name).await.unwrap();
     assert!(st.holders[0].owner.starts_with("etcd lease "), "{st:?}");
     // `fenced list` shows etcdctl's hold too: its key is the same layout.
-    let listed = client.list(&name).await.unwrap();
-    assert_eq!(listed.len(), 1, "{listed:?}");
-    let who = |s: &fenced::LockStatus| -> Vec<(String, u64)> {
-        s.holders
-            .iter()
-            .map(|h| (h.owner.clone(), h.token))
-            .collect()
-    };
-    assert_eq!(listed[0].name, name);
-    assert_eq!(who(&listed[0].status), who(&st));
+    fenced_testkit::assert_listed(&client, &name, &st).await;
     assert!(lock.try_acquire().await.unwrap().is_none(), "two holders");
     let g = lock
         .acquire_timeout(t.eventually())

@@ -33,16 +33,7 @@ async fn curator_interop_both_ways() {
     assert_eq!(st.holders.len(), 1, "{st:?}");
     assert!(st.holders[0].owner.starts_with("zk session "), "{st:?}");
     // `fenced list` shows Curator's hold too: its node is the same layout.
-    let listed = client.list(&name).await.unwrap();
-    assert_eq!(listed.len(), 1, "{listed:?}");
-    let who = |s: &fenced::LockStatus| -> Vec<(String, u64)> {
-        s.holders
-            .iter()
-            .map(|h| (h.owner.clone(), h.token))
-            .collect()
-    };
-    assert_eq!(listed[0].name, name);
-    assert_eq!(who(&listed[0].status), who(&st));
+    fenced_testkit::assert_listed(&client, &name, &st).await;
     assert!(lock.try_acquire().await.unwrap().is_none(), "two holders");
     let g = lock
         .acquire_timeout(t.eventually())
