@@ -245,9 +245,9 @@ impl Client {
     ///
     /// The names are found within [`LIST_TIMEOUT`] (a scan may take many
     /// requests, each within the request timeout), and their statuses
-    /// asked [`LIST_CONCURRENCY`] at a time. A name the backend turns out
-    /// not to take as a lock (an application's key of the same shape) is
-    /// passed over.
+    /// asked [`LIST_CONCURRENCY`] at a time; any error fails the list (a
+    /// user allowed to scan but not to run fenced's scripts is told so,
+    /// not shown an empty list).
     pub async fn list(&self, prefix: &str) -> Result<Vec<LockEntry>> {
         let mut names = self
             .inner
@@ -270,8 +270,11 @@ impl Client {
             let Some(done) = asked.join_next().await else {
                 break;
             };
-            let (i, name, status) =
-                done.map_err(|e| Error::unavailable(format!("a status call failed: {e}")))?;
+            let (i, name, status) = match done {
+                Ok(done) => done,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => return Err(Error::unavailable(format!("a status call ended: {e}"))),
+            };
             match status {
                 Ok(status) if !status.is_free() || status.waiters > 0 => out.push((
                     i,
@@ -281,7 +284,6 @@ impl Client {
                     },
                 )),
                 Ok(_) => {}
-                Err(e) if e.kind() == crate::ErrorKind::InvalidInput => {}
                 Err(e) => return Err(e),
             }
         }

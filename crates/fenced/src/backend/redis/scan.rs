@@ -9,7 +9,7 @@
 
 use super::conn::Conn;
 use super::*;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 
 /// The key prefixes whose keys name a lock.
 const NAMING: [&str; 2] = ["redisson_lock_token:", "fenced_queue:"];
@@ -38,7 +38,9 @@ impl RedisBackend {
                 candidates(rest)
                     .into_iter()
                     .filter(|n| n.starts_with(prefix))
-                    .filter_map(|n| LockName::new(&n).ok()),
+                    .filter_map(|n| LockName::new(&n).ok())
+                    // Only names that have keys: a key `{}` names none.
+                    .filter(|n| Keys::of(n).is_ok()),
             );
         }
         Ok(names.into_iter().collect())
@@ -74,19 +76,19 @@ async fn scan(conn: Conn, pattern: &str) -> redis::RedisResult<Vec<String>> {
             }
         }
         Conn::Cluster(mut c) => {
-            // The masters as `CLUSTER SLOTS` names them: the addresses the
-            // cluster client keeps its connections by.
+            // One slot of each master, from `CLUSTER SLOTS`: the SCAN goes
+            // to the master of that slot by the cluster client's own slot
+            // map, whatever address (a hostname, none) the node announces.
             let slots: redis::Value = redis::cmd("CLUSTER")
                 .arg("SLOTS")
                 .query_async(&mut c)
                 .await?;
-            for (host, port) in masters(&slots) {
+            for slot in one_slot_per_master(&slots)? {
                 let mut cursor = 0;
                 loop {
-                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                        host: host.clone(),
-                        port,
-                    });
+                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                        Route::with_slot(slot, SlotAddr::Master),
+                    ));
                     let (next, batch): (u64, Vec<String>) = redis::from_redis_value(
                         c.route_command(step(cursor, pattern), route).await?,
                     )?;
@@ -113,34 +115,41 @@ fn step(cursor: u64, pattern: &str) -> redis::Cmd {
     cmd
 }
 
-/// The master of each slot range in `CLUSTER SLOTS`' answer (its first
-/// node), as host and port, each once.
-fn masters(slots: &redis::Value) -> Vec<(String, u16)> {
+/// The first slot of one range of each master in `CLUSTER SLOTS`'
+/// answer; masters told apart by their node ids.
+fn one_slot_per_master(slots: &redis::Value) -> redis::RedisResult<Vec<Slot>> {
     use redis::Value as V;
-    let text = |v: &V| match v {
-        V::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        V::SimpleString(s) => Some(s.clone()),
-        _ => None,
+    let bad = || {
+        redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "CLUSTER SLOTS answered in an unknown shape",
+        ))
     };
-    let mut out: Vec<(String, u16)> = Vec::new();
     let V::Array(ranges) = slots else {
-        return out;
+        return Err(bad());
     };
+    let (mut seen, mut out) = (Vec::new(), Vec::new());
     for range in ranges {
-        let V::Array(range) = range else { continue };
-        let Some(V::Array(master)) = range.get(2) else {
-            continue;
+        let V::Array(range) = range else {
+            return Err(bad());
         };
-        let (Some(host), Some(V::Int(port))) = (master.first().and_then(text), master.get(1))
-        else {
-            continue;
+        let (Some(V::Int(start)), Some(V::Array(master))) = (range.first(), range.get(2)) else {
+            return Err(bad());
         };
-        let master = (host, *port as u16);
-        if !out.contains(&master) {
-            out.push(master);
+        // Host, port, node id (the id since Redis 4).
+        let id = master.get(2).or(master.get(1)).cloned();
+        if seen.contains(&id) {
+            continue;
         }
+        seen.push(id);
+        out.push(
+            u16::try_from(*start)
+                .ok()
+                .and_then(Slot::new)
+                .ok_or_else(bad)?,
+        );
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -154,24 +163,23 @@ mod tests {
         assert_eq!(candidates("{}"), ["{}"]);
         assert_eq!(candidates("{a{b}"), ["a{b", "{a{b}"]);
         use redis::Value as V;
-        let node = |port: i64| {
+        let node = |host: V, port: i64, id: &str| {
             V::Array(vec![
-                V::BulkString(b"10.0.0.1".to_vec()),
+                host,
                 V::Int(port),
-                V::BulkString(b"id".to_vec()),
+                V::BulkString(id.as_bytes().to_vec()),
             ])
         };
-        let range = |a: i64, b: i64, master: i64, replica: i64| {
-            V::Array(vec![V::Int(a), V::Int(b), node(master), node(replica)])
-        };
+        let range = |a: i64, b: i64, master: V| V::Array(vec![V::Int(a), V::Int(b), master]);
+        let ip = || V::BulkString(b"10.0.0.1".to_vec());
         let slots = V::Array(vec![
-            range(0, 100, 7000, 7001),
-            range(101, 200, 7002, 7003),
-            range(201, 300, 7000, 7001),
+            range(0, 100, node(ip(), 7000, "m1")),
+            range(101, 200, node(V::Nil, 7002, "m2")),
+            range(201, 300, node(ip(), 7000, "m1")),
         ]);
-        assert_eq!(
-            masters(&slots),
-            [("10.0.0.1".to_owned(), 7000), ("10.0.0.1".to_owned(), 7002)]
-        );
+        let got = one_slot_per_master(&slots).unwrap();
+        let want = [0, 101].map(|n| Slot::new(n).unwrap());
+        assert_eq!(got, want, "a master with no address still counts");
+        assert!(one_slot_per_master(&V::Int(1)).is_err());
     }
 }
