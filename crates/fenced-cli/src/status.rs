@@ -45,11 +45,45 @@ fn lease_ms(left: std::time::Duration) -> Option<u64> {
 }
 
 /// A lease left as `status` and `list` print it.
-pub(crate) fn lease_text(left: std::time::Duration) -> String {
+fn lease_text(left: std::time::Duration) -> String {
     match lease_ms(left) {
         Some(_) => format!("{:.1}s", left.as_secs_f64()),
         None => "session".to_owned(),
     }
+}
+
+/// The columns of `list` and `top`.
+pub(crate) const HEADER: [&str; 6] = ["NAME", "MODE", "TOKEN", "LEASE LEFT", "WAITERS", "HOLDER"];
+
+/// A row per holder of each lock (one for a free lock with waiters), as
+/// `list` and `top` show them under [`HEADER`].
+pub(crate) fn table_rows(locks: &[fenced::LockEntry]) -> Vec<[String; 6]> {
+    let mut rows = Vec::new();
+    for l in locks {
+        let waiters = l.status.waiters.to_string();
+        if l.status.holders.is_empty() {
+            let dash = || "-".to_owned();
+            rows.push([
+                l.name.clone(),
+                "free".into(),
+                dash(),
+                dash(),
+                waiters.clone(),
+                dash(),
+            ]);
+        }
+        for h in &l.status.holders {
+            rows.push([
+                l.name.clone(),
+                h.mode.to_string(),
+                h.token.to_string(),
+                lease_text(h.lease_left),
+                waiters.clone(),
+                h.owner.clone(),
+            ]);
+        }
+    }
+    rows
 }
 
 #[derive(Args, Debug)]
@@ -76,32 +110,8 @@ pub(crate) async fn list(backend: Option<String>, args: ListArgs) -> anyhow::Res
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let mut rows = vec![[
-        "NAME".to_owned(),
-        "MODE".into(),
-        "TOKEN".into(),
-        "LEASE LEFT".into(),
-        "WAITERS".into(),
-        "HOLDER".into(),
-    ]];
-    for l in &locks {
-        let waiters = l.status.waiters.to_string();
-        if l.status.holders.is_empty() {
-            let free = ["free".into(), "-".into(), "-".into()];
-            let [m, t, left] = free;
-            rows.push([l.name.clone(), m, t, left, waiters.clone(), "-".into()]);
-        }
-        for h in &l.status.holders {
-            rows.push([
-                l.name.clone(),
-                h.mode.to_string(),
-                h.token.to_string(),
-                lease_text(h.lease_left),
-                waiters.clone(),
-                h.owner.clone(),
-            ]);
-        }
-    }
+    let mut rows = vec![HEADER.map(str::to_owned)];
+    rows.extend(table_rows(&locks));
     if locks.is_empty() {
         eprintln!(
             "no lock held or waited for{}",

@@ -7,7 +7,7 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
-use ratatui::widgets::{Cell, Paragraph, Row, Table};
+use ratatui::widgets::{Paragraph, Row, Table};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -151,31 +151,8 @@ fn draw(f: &mut ratatui::Frame, url: &str, prefix: &str, locks: &[fenced::LockEn
         head,
     );
     let bold = Style::default().add_modifier(Modifier::BOLD);
-    let header = Row::new(["NAME", "MODE", "TOKEN", "LEASE LEFT", "WAITERS", "HOLDER"]).style(bold);
-    let mut rows = Vec::new();
-    for l in locks {
-        let waiters = l.status.waiters.to_string();
-        if l.status.holders.is_empty() {
-            rows.push(Row::new(vec![
-                Cell::from(l.name.clone()),
-                Cell::from("free"),
-                Cell::from("-"),
-                Cell::from("-"),
-                Cell::from(waiters.clone()),
-                Cell::from("-"),
-            ]));
-        }
-        for h in &l.status.holders {
-            rows.push(Row::new(vec![
-                Cell::from(l.name.clone()),
-                Cell::from(h.mode.to_string()),
-                Cell::from(h.token.to_string()),
-                Cell::from(crate::status::lease_text(h.lease_left)),
-                Cell::from(waiters.clone()),
-                Cell::from(h.owner.clone()),
-            ]));
-        }
-    }
+    let header = Row::new(crate::status::HEADER).style(bold);
+    let rows = crate::status::table_rows(locks).into_iter().map(Row::new);
     let widths = [
         Constraint::Fill(2),
         Constraint::Length(18),

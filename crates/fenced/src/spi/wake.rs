@@ -155,18 +155,22 @@ fn call_one(slots: &[Arc<Slot>]) {
     }
 }
 
+/// One name's wake-up: each of [`Wake::Every`], and one of the others.
+fn wake_slots(slots: &[Arc<Slot>]) {
+    for slot in slots.iter().filter(|s| !s.is_one()) {
+        slot.wake();
+    }
+    call_one(slots);
+}
+
 impl Wakeups {
     /// Tells the waiters of `name` to look again: every one that
     /// [`Wake::Every`] says, and one of the others. Cheap when nobody waits.
     pub(crate) fn wake(&self, name: &str) {
         let names = unpoisoned(&self.names);
-        let Some(slots) = names.get(name) else {
-            return;
-        };
-        for slot in slots.iter().filter(|s| !s.is_one()) {
-            slot.wake();
+        if let Some(slots) = names.get(name) {
+            wake_slots(slots);
         }
-        call_one(slots);
     }
 
     /// [`wake`](Self::wake) for every name: a notification that names no
@@ -175,12 +179,7 @@ impl Wakeups {
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn wake_each(&self) {
         let names = unpoisoned(&self.names);
-        for slots in names.values() {
-            for slot in slots.iter().filter(|s| !s.is_one()) {
-                slot.wake();
-            }
-            call_one(slots);
-        }
+        names.values().for_each(|slots| wake_slots(slots));
     }
 
     /// Tells the waiter of `name` holding queue `ticket` to look again
