@@ -412,9 +412,9 @@ fn lost_lock_kills_the_command() {
         .await;
         assert_eq!(lock.force_unlock().await.unwrap(), 1);
     });
-    let status = holder.wait().unwrap();
+    let code = fenced_testkit::process::exit_within(&mut holder, t.eventually(), "the holder");
     assert_eq!(
-        status.code(),
+        code,
         Some(76),
         "fenced run must kill CMD and exit 76 when the lock is lost"
     );

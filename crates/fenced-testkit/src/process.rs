@@ -18,6 +18,30 @@ pub fn spawn_run(bin: &Path, url: &str, name: &str, extra: &[&str], cmd: &[&str]
         .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()))
 }
 
+/// Waits up to `limit` for `child` to exit and returns its exit code
+/// (`None` if a signal ended it). Past the limit it kills the group and
+/// panics with `what` and the child's standard error, so that a child
+/// stuck waiting for a lock the test holds fails the test instead of
+/// hanging it.
+pub fn exit_within(child: &mut Child, limit: std::time::Duration, what: &str) -> Option<i32> {
+    use std::io::Read;
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            return status.code();
+        }
+        if std::time::Instant::now() >= deadline {
+            kill_group(child);
+            let mut err = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                let _ = pipe.read_to_string(&mut err);
+            }
+            panic!("{what}: still running after {limit:?}; its stderr:\n{err}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// SIGKILLs the process group led by `child` (started by [`spawn_run`]) and reaps it.
 pub fn kill_group(child: &mut Child) {
     use nix::sys::signal::{Signal, killpg};

@@ -673,10 +673,17 @@ pub async fn paused_run_loses_its_session(fx: &Fixture) {
         .clone()
         .expect("processes tests need the fenced binary");
     let name = unique("paused");
-    let mut child = crate::process::spawn_run(&bin, &fx.url, &name, &[], &["sleep", "60"]);
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    // The command starts once the child knows it holds the lock. A key on
+    // the server is not enough: a child paused before the grant reached
+    // it, whose session then ended, rightly asks again when it resumes,
+    // and would wait behind this test's hold.
+    let cmd = format!("touch '{}'; exec sleep 60", started.display());
+    let mut child = crate::process::spawn_run(&bin, &fx.url, &name, &[], &["sh", "-c", &cmd]);
     let b = fx.client().await;
-    t.wait_until("the child holds the lock", || async {
-        !b.status(&name).await.unwrap().is_free()
+    t.wait_until("the child's command never started", || async {
+        started.exists()
     })
     .await;
     let stale = b.status(&name).await.unwrap().holders[0].token;
@@ -695,15 +702,13 @@ pub async fn paused_run_loses_its_session(fx: &Fixture) {
     let e = reg.write_with_token(stale, "late").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::StaleToken);
     kill(pid, Signal::SIGCONT).unwrap();
-    let code = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        code.code(),
-        Some(76),
-        "the resumed holder must see the loss"
-    );
+    let limit = t.eventually();
+    let code = tokio::task::spawn_blocking(move || {
+        crate::process::exit_within(&mut child, limit, "the resumed holder")
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(76), "the resumed holder must see the loss");
     assert!(g.is_held());
     assert!(g.release().await.unwrap());
 }
