@@ -85,6 +85,9 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
         _ => client.mutex(&args.name)?.as_lock().clone(),
     };
     let lock = lock.lease(args.lease).fair(args.fair);
+    // What `status`, `list` and `top` show as the holder's command: the
+    // command run, not `fenced run …`.
+    client.set_command(&args.cmd.join(" "));
     let wait = if args.nonblock {
         Some(Duration::ZERO)
     } else {

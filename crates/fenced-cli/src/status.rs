@@ -25,6 +25,12 @@ fn status_json(name: &str, backend: &str, st: &fenced::LockStatus) -> serde_json
                 "mode": h.mode.to_string(),
                 "token": h.token,
                 "lease_left_ms": lease_ms(h.lease_left),
+                "holder": h.holder.as_ref().map(|w| serde_json::json!({
+                    "host": w.host,
+                    "pid": w.pid,
+                    "command": w.command,
+                    "granted_at_ms": w.granted_at_ms(),
+                })),
             })
         })
         .collect();
@@ -52,12 +58,43 @@ fn lease_text(left: std::time::Duration) -> String {
     }
 }
 
+/// Who holds: `pid@host command` as the hold recorded it, else (a foreign
+/// client's hold, an advisory lock) the owner id the backend shows.
+fn holder_text(h: &fenced::HolderInfo) -> String {
+    match &h.holder {
+        Some(w) => format!("{}@{} {}", w.pid, w.host, w.command)
+            .trim_end()
+            .to_owned(),
+        None => h.owner.clone(),
+    }
+}
+
+/// How long ago the hold was granted, by this host's clock against the
+/// holder's; `-` where the hold recorded no time.
+fn held_for(h: &fenced::HolderInfo) -> String {
+    let Some(w) = &h.holder else {
+        return "-".to_owned();
+    };
+    let secs = std::time::SystemTime::now()
+        .duration_since(w.granted_at)
+        .map_or(0, |d| d.as_secs());
+    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+}
+
 /// The columns of `list` and `top`.
-pub(crate) const HEADER: [&str; 6] = ["NAME", "MODE", "TOKEN", "LEASE LEFT", "WAITERS", "HOLDER"];
+pub(crate) const HEADER: [&str; 7] = [
+    "NAME",
+    "MODE",
+    "TOKEN",
+    "LEASE LEFT",
+    "WAITERS",
+    "HELD FOR",
+    "HOLDER",
+];
 
 /// A row per holder of each lock (one for a free lock with waiters), as
 /// `list` and `top` show them under [`HEADER`].
-pub(crate) fn table_rows(locks: &[fenced::LockEntry]) -> Vec<[String; 6]> {
+pub(crate) fn table_rows(locks: &[fenced::LockEntry]) -> Vec<[String; 7]> {
     let mut rows = Vec::new();
     for l in locks {
         let waiters = l.status.waiters.to_string();
@@ -70,6 +107,7 @@ pub(crate) fn table_rows(locks: &[fenced::LockEntry]) -> Vec<[String; 6]> {
                 dash(),
                 waiters.clone(),
                 dash(),
+                dash(),
             ]);
         }
         for h in &l.status.holders {
@@ -79,7 +117,8 @@ pub(crate) fn table_rows(locks: &[fenced::LockEntry]) -> Vec<[String; 6]> {
                 h.token.to_string(),
                 lease_text(h.lease_left),
                 waiters.clone(),
-                h.owner.clone(),
+                held_for(h),
+                holder_text(h),
             ]);
         }
     }
@@ -123,7 +162,7 @@ pub(crate) async fn list(backend: Option<String>, args: ListArgs) -> anyhow::Res
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let widths: Vec<usize> = (0..6)
+    let widths: Vec<usize> = (0..HEADER.len())
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
     for r in &rows {
@@ -157,6 +196,9 @@ pub(crate) async fn status(backend: Option<String>, args: StatusArgs) -> anyhow:
                 h.token,
                 lease_text(h.lease_left)
             );
+            if h.holder.is_some() {
+                println!("    {} (for {})", holder_text(h), held_for(h));
+            }
         }
     }
     client.close().await;
@@ -190,12 +232,12 @@ pub(crate) async fn unlock(backend: Option<String>, args: UnlockArgs) -> anyhow:
     }
     for h in &st.holders {
         println!(
-            "{}: held by {}  {}  token {}  lease left {:.1}s",
+            "{}: held by {}  {}  token {}  lease left {}",
             args.name,
-            h.owner,
+            holder_text(h),
             h.mode,
             h.token,
-            h.lease_left.as_secs_f64()
+            lease_text(h.lease_left)
         );
     }
     if !args.force {

@@ -159,6 +159,7 @@ fn draw(f: &mut ratatui::Frame, url: &str, prefix: &str, locks: &[fenced::LockEn
         Constraint::Length(20),
         Constraint::Length(11),
         Constraint::Length(8),
+        Constraint::Length(10),
         Constraint::Fill(3),
     ];
     f.render_widget(Table::new(rows, widths).header(header), body);

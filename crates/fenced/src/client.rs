@@ -118,6 +118,7 @@ impl Client {
                 id: uuid::Uuid::new_v4().simple().to_string(),
                 url,
                 identity: backend.identity(),
+                whoami: Default::default(),
                 watchdog: Watchdog::new(backend.clone()),
                 backend,
                 wakeups,
@@ -126,6 +127,23 @@ impl Client {
                 calls,
             }),
         }
+    }
+
+    /// Sets the command that this client's holds record from now on (shown
+    /// by `fenced status`, `list` and `top` beside the host and process
+    /// id): a name for the job, say, where the process's command line says
+    /// little. It starts as the command line; `fenced run` sets the command
+    /// it runs. Cut to [`MAX_COMMAND_LEN`](crate::MAX_COMMAND_LEN) bytes,
+    /// on one line.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let client = fenced::Client::connect("memory://").await?;
+    /// client.set_command("invoice-batch 2026-11");
+    /// # Ok::<_, fenced::Error>(()) }).unwrap();
+    /// ```
+    pub fn set_command(&self, command: &str) {
+        self.inner.whoami.set_command(command);
     }
 
     /// This client's id: the first half of every `<client id>:<owner id>`

@@ -65,6 +65,7 @@ pub const TESTS: &[&str] = &[
     "a_thousand_waiters_of_one_client",
     "waiters_of_one_client_outlast_leaked_holds",
     "list_shows_what_is_held_or_waited_for",
+    "holders_say_who_they_are",
 ];
 
 /// The backends (modules of a test binary made by
@@ -294,6 +295,60 @@ pub async fn list_shows_what_is_held_or_waited_for(fx: &Fixture) {
         b.list(&p).await.unwrap().is_empty()
     })
     .await;
+}
+
+/// Every hold records who took it: this host, this process, the command
+/// its client was given (else its command line) and when, and another
+/// client's `status` and `list` show it. Holds taken after the command
+/// changes record the new one. The advisory modes and Redis's `simple`
+/// layout keep nothing beside the lock, and show none.
+pub async fn holders_say_who_they_are(fx: &Fixture) {
+    let name = unique("who");
+    let (a, b) = fx.two_clients().await;
+    let keeps_none = fx.url.contains("mode=advisory") || fx.url.contains("layout=simple");
+    a.set_command("nightly-report --all 'x y'");
+    let before = std::time::SystemTime::now();
+    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let after = std::time::SystemTime::now();
+    let st = b.status(&name).await.unwrap();
+    assert_eq!(st.holders.len(), 1, "{st:?}");
+    let h = &st.holders[0];
+    assert_eq!(h.token, g.fencing_token());
+    if keeps_none {
+        assert_eq!(h.holder, None, "{h:?}");
+        assert!(g.release().await.unwrap());
+        return;
+    }
+    let who = h.holder.clone().expect("the hold records its holder");
+    assert_eq!(who.pid, std::process::id());
+    assert_eq!(who.command, "nightly-report --all 'x y'");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(who.host, host.trim());
+    // By this host's clock, to the millisecond the record keeps.
+    let ms = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+    };
+    assert!(
+        (ms(before)..=ms(after)).contains(&who.granted_at_ms()),
+        "granted at {} outside {}..={}",
+        who.granted_at_ms(),
+        ms(before),
+        ms(after)
+    );
+    let listed = b.list(&name).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].status.holders[0].holder.as_ref(), Some(&who));
+    // A later hold records the command as it is then.
+    a.set_command("another");
+    let other = unique("who");
+    let g2 = a.mutex(&other).unwrap().acquire().await.unwrap();
+    let st = b.status(&other).await.unwrap();
+    assert_eq!(st.holders[0].holder.as_ref().unwrap().command, "another");
+    // The first hold is unchanged.
+    let st = b.status(&name).await.unwrap();
+    assert_eq!(st.holders[0].holder.as_ref(), Some(&who));
+    assert!(g.release().await.unwrap());
+    assert!(g2.release().await.unwrap());
 }
 
 /// A holder whose lease ran out cannot release or affect the new holder.

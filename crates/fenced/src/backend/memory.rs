@@ -83,6 +83,7 @@ struct MemHold {
     mode: Mode,
     token: u64,
     expires: Instant,
+    holder: Option<crate::Holder>,
 }
 
 impl Space {
@@ -194,6 +195,7 @@ impl MemoryBackend {
                 mode: req.mode,
                 token,
                 expires: now + req.lease,
+                holder: crate::Holder::decode(req.holder.as_bytes()),
             });
             if let Some(t) = mine {
                 res.queue.retain(|(q, _, _)| *q != t);
@@ -358,6 +360,7 @@ impl LockBackend for MemoryBackend {
                         mode: h.mode,
                         token: h.token,
                         lease_left: h.expires - now,
+                        holder: h.holder.clone(),
                     })
                     .collect(),
                 waiters: res.queue.len(),
@@ -466,6 +469,7 @@ mod tests {
             fair: true,
             will_wait: true,
             ticket: None,
+            holder: String::new(),
         };
         let granted = |o| match o {
             Outcome::Granted { token, .. } => token,

@@ -257,6 +257,7 @@ async fn run_inner(
         fair: req.fair,
         will_wait: !matches!(wait, Wait::No),
         ticket: None,
+        holder: String::new(),
     };
     // Who can use a release decides who is woken for it (see `spi::wake`).
     let wake = match req.mode {
@@ -304,6 +305,7 @@ async fn run_inner(
         // earlier try whose reply was lost gets that grant, whose lease
         // began then.
         let sent = Instant::now();
+        attempt.holder = inner.whoami.record();
         let outcome = match attempt_with_retry(
             req.retry,
             deadline,

@@ -18,6 +18,8 @@ pub(crate) struct Engine {
     pub(crate) url: String,
     /// The backend's canonical identity (see `Backend::identity`).
     pub(crate) identity: String,
+    /// What this client's holds record of their process.
+    pub(crate) whoami: crate::holder::Whoami,
     pub(crate) backend: Arc<dyn Backend>,
     /// Where the backend wakes this client's waiters.
     pub(crate) wakeups: Arc<Wakeups>,

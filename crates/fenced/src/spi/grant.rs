@@ -92,6 +92,8 @@ pub(crate) struct LiveHold {
     pub(crate) token: u64,
     /// Lease left, by the database's clock (negative: expired).
     pub(crate) left_ms: i64,
+    /// Its holder's record (see `holder`), where it was read.
+    pub(crate) holder: Option<String>,
 }
 
 #[cfg_attr(
@@ -111,6 +113,9 @@ impl LiveHold {
             owner: self.owner,
             mode: self.mode,
             token: self.token,
+            holder: self
+                .holder
+                .and_then(|h| crate::Holder::decode(h.as_bytes())),
         })
     }
 }
@@ -235,6 +240,7 @@ mod tests {
             mode,
             token: 7,
             left_ms,
+            holder: None,
         }
     }
 
@@ -249,6 +255,7 @@ mod tests {
             fair: false,
             will_wait: true,
             ticket: None,
+            holder: String::new(),
         }
     }
 

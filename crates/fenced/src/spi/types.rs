@@ -208,6 +208,9 @@ pub(crate) struct Attempt {
     pub(crate) will_wait: bool,
     /// The queue place from an earlier busy attempt.
     pub(crate) ticket: Option<Ticket>,
+    /// What the hold records of its holder (see `holder`): host, process,
+    /// command and the time this try was sent.
+    pub(crate) holder: String,
 }
 
 impl Attempt {
@@ -360,6 +363,10 @@ pub struct HolderInfo {
     pub token: u64,
     /// Lease left as the backend counts it.
     pub lease_left: Duration,
+    /// The host, process and command that took the hold, and when; `None`
+    /// for a foreign client's hold (Curator, `etcdctl lock`, Redisson) and
+    /// on the advisory modes, which keep nothing beside the lock.
+    pub holder: Option<crate::Holder>,
 }
 
 /// Where a backend records a hold (see [`Guard::ownership`](crate::Guard::ownership)).

@@ -173,12 +173,12 @@ async fn without_the_grant_function_acquires_take_the_transaction() {
     let exists = || {
         server.sql(
             "SELECT COUNT(*) FROM information_schema.ROUTINES \
-             WHERE ROUTINE_SCHEMA = 'mysql' AND ROUTINE_NAME = 'fenced_try_grant'",
+             WHERE ROUTINE_SCHEMA = 'mysql' AND ROUTINE_NAME = 'fenced_try_grant2'",
         )
     };
     let first = Client::connect(&server.url()).await.unwrap();
     assert_eq!(exists(), "1", "created with the tables");
-    server.sql("DROP FUNCTION fenced_try_grant");
+    server.sql("DROP FUNCTION fenced_try_grant2");
     fenced_testkit::two_holds_in_turn(&first, "nofunction").await;
 
     // Made again by an administrator's client. `app` may use the tables
@@ -201,7 +201,7 @@ async fn without_the_grant_function_acquires_take_the_transaction() {
     // Now it may not create one either.
     server.sql(
         "REVOKE CREATE ROUTINE ON mysql.* FROM 'app'@'127.0.0.1'; \
-         DROP FUNCTION fenced_try_grant",
+         DROP FUNCTION fenced_try_grant2",
     );
     fenced_testkit::conformance::mutual_exclusion_tasks(&fx).await;
     assert_eq!(exists(), "0", "the role could not create it");

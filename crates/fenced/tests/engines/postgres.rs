@@ -161,7 +161,7 @@ async fn exclusion_holds_under_stricter_default_isolation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_grant_function_acquires_take_the_transaction() {
     const FUNCTION: &str =
-        "fenced_try_grant(text, text, text, smallint, integer, integer, double precision)";
+        "fenced_try_grant2(text, text, text, smallint, integer, integer, double precision, text)";
     let server = PgServer::start();
     let first = Client::connect(&server.url()).await.unwrap();
     let exists = || server.sql(&format!("SELECT to_regprocedure('{FUNCTION}') IS NOT NULL"));
@@ -262,5 +262,45 @@ async fn one_pooled_connection_is_enough() {
         .expect("a grant with one pooled connection")
         .unwrap();
     assert!(!c.status(&name).await.unwrap().is_free());
+    assert!(g.release().await.unwrap());
+}
+
+/// Tables an older fenced made have no `holder` column. A role that may
+/// not alter them goes on without it: its locks exclude as before, and its
+/// holds show no holder. The tables' owner adds it, and holds then show
+/// who took them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_of_an_older_fenced_gain_the_holder_column() {
+    let server = PgServer::start();
+    drop(Client::connect(&server.url()).await.unwrap());
+    // The layout an older fenced made.
+    server.sql("ALTER TABLE fenced_holds DROP COLUMN holder");
+    server.sql(
+        "CREATE ROLE app LOGIN; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON fenced_locks, fenced_holds, fenced_waiters, \
+         fenced_registers TO app; \
+         GRANT USAGE ON SEQUENCE fenced_waiters_ticket_seq TO app",
+    );
+    let has_column = || {
+        server.sql(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = 'fenced_holds'::regclass \
+             AND attname = 'holder' AND NOT attisdropped",
+        )
+    };
+    let app_url = server
+        .url()
+        .replace("postgres://postgres@", "postgres://app@");
+    let app = Client::connect(&app_url).await.unwrap();
+    assert_eq!(has_column(), "0", "the role may not add it");
+    let g = app.mutex("old").unwrap().acquire().await.unwrap();
+    assert_eq!(app.status("old").await.unwrap().holders[0].holder, None);
+    fenced_testkit::two_holds_in_turn(&app, "old-turns").await;
+    assert!(g.release().await.unwrap());
+
+    let owner = Client::connect(&server.url()).await.unwrap();
+    assert_eq!(has_column(), "1", "the owner adds it");
+    let g = owner.mutex("new").unwrap().acquire().await.unwrap();
+    let who = owner.status("new").await.unwrap().holders[0].holder.clone();
+    assert_eq!(who.expect("a holder recorded").pid, std::process::id());
     assert!(g.release().await.unwrap());
 }

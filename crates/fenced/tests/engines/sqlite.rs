@@ -180,3 +180,36 @@ async fn tokens_of_names_long_free_are_forgotten_and_tokens_still_rise() {
     a.close().await;
     b.close().await;
 }
+
+/// A lock file an older fenced made has no `holder` column: the next
+/// client to open it adds it, and holds then show who took them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_file_of_an_older_fenced_gains_the_holder_column() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+    let opts = url.parse::<sqlx::sqlite::SqliteConnectOptions>().unwrap();
+    let mut db = sqlx::SqliteConnection::connect_with(&opts.create_if_missing(true))
+        .await
+        .unwrap();
+    // The table as an older fenced made it.
+    sqlx::query(
+        "CREATE TABLE fenced_holds (hold_id TEXT PRIMARY KEY, name TEXT NOT NULL, \
+         owner TEXT NOT NULL, mode INTEGER NOT NULL, take INTEGER NOT NULL, \
+         max INTEGER NOT NULL, token INTEGER NOT NULL, expires_ms INTEGER NOT NULL)",
+    )
+    .execute(&mut db)
+    .await
+    .unwrap();
+    let a = fenced::Client::connect(&url).await.unwrap();
+    let columns: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('fenced_holds')")
+            .fetch_all(&mut db)
+            .await
+            .unwrap();
+    assert!(columns.iter().any(|c| c == "holder"), "{columns:?}");
+    let g = a.mutex("n").unwrap().acquire().await.unwrap();
+    let who = a.status("n").await.unwrap().holders[0].holder.clone();
+    assert_eq!(who.expect("a holder recorded").pid, std::process::id());
+    assert!(g.release().await.unwrap());
+}

@@ -87,7 +87,7 @@ impl EtcdShared {
                 .and_then([
                     TxnOp::put(
                         own.key.clone(),
-                        value_of(req.mode),
+                        value_of(req.mode, &req.holder),
                         Some(PutOptions::new().with_lease(lease)),
                     ),
                     queue_get(&prefix),

@@ -157,6 +157,7 @@ impl LockBackend for EtcdBackend {
                     mode: mode_of(kv.value()),
                     token,
                     lease_left,
+                    holder: holder_of(kv.value()),
                 });
             }
             Ok(LockStatus::new(holders, waiters, last_token))

@@ -83,6 +83,8 @@ const REGISTER_PREFIX: &str = "fenced.register/";
 
 /// How a key holds, from its value.
 fn mode_of(v: &[u8]) -> Mode {
+    // The mode is the first line; the holder's record follows it.
+    let v = v.split(|&b| b == b'\n').next().unwrap_or_default();
     if v == b"fenced:r" {
         return Mode::Shared;
     }
@@ -96,12 +98,21 @@ fn mode_of(v: &[u8]) -> Mode {
     Mode::Exclusive
 }
 
-fn value_of(mode: Mode) -> Vec<u8> {
-    match mode {
-        Mode::Exclusive => Vec::new(),
-        Mode::Shared => b"fenced:r".to_vec(),
-        Mode::Permits { take, max } => format!("fenced:p:{take}:{max}").into_bytes(),
-    }
+/// A key's value: its mode on the first line (empty for exclusive, as
+/// `etcdctl lock` leaves it), the holder's record on the second.
+fn value_of(mode: Mode, holder: &str) -> Vec<u8> {
+    let mode = match mode {
+        Mode::Exclusive => String::new(),
+        Mode::Shared => "fenced:r".to_owned(),
+        Mode::Permits { take, max } => format!("fenced:p:{take}:{max}"),
+    };
+    format!("{mode}\n{holder}").into_bytes()
+}
+
+/// The holder's record in a key's value, if fenced wrote it.
+fn holder_of(v: &[u8]) -> Option<crate::Holder> {
+    let at = v.iter().position(|&b| b == b'\n')?;
+    crate::Holder::decode(&v[at + 1..])
 }
 
 /// The queue of a prefix listing: each key and how it holds.

@@ -77,7 +77,8 @@ impl RedisBackend {
                     // published ticket says which (every acquisition is
                     // its own owner, so a channel per owner would be a
                     // subscription per wait).
-                    .arg(req.client_id());
+                    .arg(req.client_id())
+                    .arg(&req.holder);
                 let reply: Vec<i64> = inv.invoke_async(&mut c).await?;
                 let replicas = if want > 0 && reply.first() == Some(&1) {
                     Some(c.wait_replicas(&k.lock, want, wait_ms).await?)
@@ -263,14 +264,23 @@ impl RedisBackend {
             .ok_or_else(|| bad("waiters"))?;
         let mut holders = Vec::new();
         for v in it {
-            let (owner, mode, take, max, token, left): (String, i64, u32, u32, i64, i64) =
-                redis::from_redis_value(v).map_err(|_| bad("holder"))?;
+            #[allow(clippy::type_complexity)]
+            let (owner, mode, take, max, token, left, holder): (
+                String,
+                i64,
+                u32,
+                u32,
+                i64,
+                i64,
+                Option<Vec<u8>>,
+            ) = redis::from_redis_value(v).map_err(|_| bad("holder"))?;
             holders.push(HolderInfo {
                 owner,
                 mode: Mode::from_code(mode, take, max).ok_or_else(|| bad("mode"))?,
                 // A foreign holder (Redisson, redis-py) has no token of ours.
                 token: if token > 0 { token as u64 } else { last as u64 },
                 lease_left: Duration::from_millis(left.max(0) as u64),
+                holder: holder.and_then(|h| crate::Holder::decode(&h)),
             });
         }
         Ok(LockStatus::new(holders, waiters as usize, last as u64))

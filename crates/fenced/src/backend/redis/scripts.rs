@@ -6,7 +6,7 @@
 //!
 //! | key | type | what |
 //! |---|---|---|
-//! | `N` | hash (`redisson`) or string (`simple`) | Redisson `RLock`'s layout: field `<client id>:<owner id>`, value the number of holds, plus a field `~<hold id>` per hold of ours (below); or redis-py `Lock`'s: the holder's token |
+//! | `N` | hash (`redisson`) or string (`simple`) | Redisson `RLock`'s layout: field `<client id>:<owner id>`, value the number of holds, plus fields `~<hold id>` (below) and `@<hold id>` (the holder's host, process, command and grant time: see `Holder`) per hold of ours; or redis-py `Lock`'s: the holder's token |
 //! | `redisson_lock_token:{N}` | string | the fencing counter (Redisson `RFencedLock`'s key); also numbers queue tickets |
 //! | `fenced_holds:{N}` | string | `simple` layout only: `<hold id>#` and what `~<hold id>` holds in the other layout: `<owner>\|<mode>\|<take>\|<max>\|<token>\|<expiry ms, server time>` |
 //! | `fenced_queue:{N}` / `fenced_qexp:{N}` | sorted sets | waiters, fair or not, by ticket / by expiry; member `<ticket>\|<owner>`; `~handoff` in `qexp` while a release's hand-over to the head stands |
@@ -73,11 +73,14 @@ local function load()
   local mine, owners = {}, {}
   for i = 1, #raw, 2 do
     local f = raw[i]
-    if string.byte(f, 1) == 126 then
+    local b = string.byte(f, 1)
+    if b == 64 then
+      -- `@<hold id>`: who holds, beside the `~` field of the hold.
+    elseif b == 126 then
       local h = parse(string.sub(f, 2), raw[i + 1])
       if h.exp <= now then
         changed = true
-        redis.call('HDEL', lock, f)
+        redis.call('HDEL', lock, f, '@' .. h.id)
         if redis.call('HINCRBY', lock, h.field, -1) <= 0 then redis.call('HDEL', lock, h.field) end
       else
         table.insert(live, h)
@@ -104,15 +107,15 @@ end
 
 local function add_hold(h, lease, alone)
   redis.call('HINCRBY', lock, h.field, 1)
-  redis.call('HSET', lock, '~' .. h.id, encode(h))
+  redis.call('HSET', lock, '~' .. h.id, encode(h), '@' .. h.id, h.holder)
   if alone then redis.call('PEXPIRE', lock, lease) else keep_until(lock, lease) end
 end
 
 local function remove_hold(h)
   if redis.call('HINCRBY', lock, h.field, -1) <= 0 then
-    redis.call('HDEL', lock, '~' .. h.id, h.field)
+    redis.call('HDEL', lock, '~' .. h.id, '@' .. h.id, h.field)
   else
-    redis.call('HDEL', lock, '~' .. h.id)
+    redis.call('HDEL', lock, '~' .. h.id, '@' .. h.id)
   end
 end
 
@@ -120,6 +123,11 @@ local function hold_of(id)
   local v = redis.call('HGET', lock, '~' .. id)
   if v then return parse(id, v) end
   return nil
+end
+
+local function holder_of(h)
+  if h.id == '' then return false end
+  return redis.call('HGET', lock, '@' .. h.id)
 end
 "#;
 
@@ -149,6 +157,9 @@ local function load()
   end
   return live, false
 end
+
+-- redis-py's layout keeps one string per lock, and no holder.
+local function holder_of(h) return false end
 
 local function add_hold(h, lease, alone)
   redis.call('SET', lock, h.id, 'PX', lease)
@@ -230,7 +241,7 @@ end
 /// Acquire. ARGV: field, hold id, mode, take, max, lease ms, fair, will
 /// wait, ticket (or ""), channel, queue ttl ms, whether unfair waiters
 /// queue too ('1'; RedLock's masters do not: its tickets are per master),
-/// the owner whose channel wakes this waiter.
+/// the owner whose channel wakes this waiter, the holder's record.
 /// Returns `{1, token}`, `{0, ticket or -1, ms until the first lease ends or
 /// -1}`, or `{-2, permits}` when a semaphore request counts another number
 /// of permits than the semaphore's holders.
@@ -286,8 +297,8 @@ if ahead or not ok then
 end
 
 local token = next_token()
-add_hold({id = id, field = field, mode = mode, take = take, max = max, token = token, exp = now + lease},
-         lease, #live == 0)
+add_hold({id = id, field = field, mode = mode, take = take, max = max, token = token, exp = now + lease,
+          holder = ARGV[14]}, lease, #live == 0)
 if mine then
   redis.call('ZREM', queue, mine)
   redis.call('ZREM', qexp, mine, '~handoff')
@@ -324,7 +335,7 @@ if fast_head or (ARGV[7] ~= '1' and ARGV[9] == '' and redis.call('EXISTS', KEYS[
   local lease = tonumber(ARGV[6])
   redis.call('HSET', KEYS[1], ARGV[1], 1, '~' .. ARGV[2],
     ARGV[1] .. '|' .. ARGV[3] .. '|' .. ARGV[4] .. '|' .. ARGV[5] .. '|' .. string.format('%.0f', tok)
-      .. '|' .. string.format('%.0f', now + lease))
+      .. '|' .. string.format('%.0f', now + lease), '@' .. ARGV[2], ARGV[14])
   redis.call('PEXPIRE', KEYS[1], lease)
   if fast_head then
     redis.call('ZREM', KEYS[4], fast_head)
@@ -345,7 +356,7 @@ local released_fast = false
 local got = redis.call('HMGET', KEYS[1], '~' .. ARGV[1], ARGV[3])
 if not got[1] then return 0 end
 if string.match(got[1], '|(%d+)|%d+|%d+|%d+|%d+$') == '0' and (tonumber(got[2]) or 0) <= 1 then
-  redis.call('HDEL', KEYS[1], '~' .. ARGV[1], ARGV[3])
+  redis.call('HDEL', KEYS[1], '~' .. ARGV[1], '@' .. ARGV[1], ARGV[3])
   if redis.call('EXISTS', KEYS[4]) == 0 then
     redis.call('PUBLISH', ARGV[2], '0')
     return 1
@@ -404,13 +415,14 @@ if changed then wake(ARGV[3]) end
 return 0
 "#;
 
-/// Status: `{last token, waiters, {field, mode, take, max, token, ms left}...}`.
+/// Status: `{last token, waiters, {field, mode, take, max, token, ms left,
+/// holder or nil}...}`.
 const STATUS: &str = r#"
 local live = load()
 purge_queue()
 local out = {tonumber(redis.call('GET', counter) or '0') or 0, redis.call('ZCARD', queue)}
 for _, h in ipairs(live) do
-  table.insert(out, {h.field, h.mode, h.take, h.max, h.token, h.exp - now})
+  table.insert(out, {h.field, h.mode, h.take, h.max, h.token, h.exp - now, holder_of(h)})
 end
 return out
 "#;

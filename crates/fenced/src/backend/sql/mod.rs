@@ -240,12 +240,19 @@ where
         Some(now) => r.try_get::<i64, _>("expires_ms")? - now,
         None => r.try_get("left_ms")?,
     };
+    // Only status selects the record: an attempt decides without it.
+    let holder = match r.try_get::<Option<String>, _>("holder") {
+        Ok(h) => h,
+        Err(sqlx::Error::ColumnNotFound(_)) => None,
+        Err(e) => return Err(e),
+    };
     Ok(LiveHold {
         hold_id: r.try_get("hold_id")?,
         owner: r.try_get("owner")?,
         mode,
         token: r.try_get::<i64, _>("token")? as u64,
         left_ms,
+        holder,
     })
 }
 
@@ -361,6 +368,7 @@ where
         .bind(take as i32)
         .bind(max as i32)
         .bind(lease)
+        .bind(req.holder.as_str())
         .fetch_one(pool)
         .await
 }

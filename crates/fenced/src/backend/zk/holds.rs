@@ -123,12 +123,11 @@ impl LockBackend for ZkBackend {
                     waiters += 1;
                     continue;
                 }
-                let Some(stat) = z
-                    .check_stat(&format!("{dir}/{child}"))
-                    .await
-                    .map_err(|e| inner.err(e))?
-                else {
-                    continue;
+                let (data, stat) = match z.get_data(&format!("{dir}/{child}")).await {
+                    Ok(got) => got,
+                    // Released since the listing.
+                    Err(zk::Error::NoNode) => continue,
+                    Err(e) => return Err(inner.err(e)),
                 };
                 let token = stat.czxid as u64;
                 last_token = last_token.max(token);
@@ -146,6 +145,7 @@ impl LockBackend for ZkBackend {
                     mode: *mode,
                     token,
                     lease_left,
+                    holder: crate::Holder::decode(&data),
                 });
             }
             Ok(LockStatus::new(holders, waiters, last_token))

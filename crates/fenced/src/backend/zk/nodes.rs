@@ -53,22 +53,26 @@ impl ZkShared {
         let prefix = format!("{dir}/{}{}", own.protect, marker(req.mode, req.rw));
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         own.create_sent.store(true, Ordering::Release);
-        let created = z.create(&prefix, b"", &opts);
+        // The node's data is the holder's record: Curator reads none of
+        // its lock nodes' data (its own default is the client's address).
+        let data = req.holder.as_bytes();
+        let created = z.create(&prefix, data, &opts);
         let listed = z.list_children(dir);
         let (created, listed) = tokio::join!(created, listed);
         let first_went_through = created.is_ok();
-        self.create(z, dir, &prefix, &opts, own, created).await?;
+        self.create(z, dir, (&prefix, data), &opts, own, created)
+            .await?;
         Ok(listed.ok().filter(|_| first_went_through))
     }
 
-    /// Creates the node of `own` as `prefix` (and the lock's container
-    /// `dir` if missing), finding it again by its protected id if a reply
-    /// was lost; `first` is the reply to the create already sent.
+    /// Creates the node of `own` as `prefix` with `data` (and the lock's
+    /// container `dir` if missing), finding it again by its protected id
+    /// if a reply was lost; `first` is the reply to the create already sent.
     pub(super) async fn create(
         &self,
         z: &zk::Client,
         dir: &str,
-        prefix: &str,
+        (prefix, data): (&str, &[u8]),
         opts: &zk::CreateOptions<'_>,
         own: &OwnNode,
         first: std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>,
@@ -77,7 +81,7 @@ impl ZkShared {
         for _ in 0..10 {
             let created = match first.take() {
                 Some(r) => r,
-                None => z.create(prefix, b"", opts).await,
+                None => z.create(prefix, data, opts).await,
             };
             match created {
                 Ok((stat, seq)) => {

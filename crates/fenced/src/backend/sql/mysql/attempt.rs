@@ -83,17 +83,25 @@ impl MySqlBackend {
                     .execute(&mut *c)
                     .await?;
                 let (take, max) = req.mode.permits();
-                sqlx::query(INSERT_HOLD)
-                    .bind(&req.hold_id)
-                    .bind(name)
-                    .bind(&req.owner_key)
-                    .bind(req.mode.code() as i16)
-                    .bind(take as i32)
-                    .bind(max as i32)
-                    .bind(token)
-                    .bind(now.saturating_add(ms(req.lease)))
-                    .execute(&mut *c)
-                    .await?;
+                let insert = sqlx::query(if self.holders {
+                    INSERT_HOLD
+                } else {
+                    INSERT_HOLD_ANON
+                })
+                .bind(&req.hold_id)
+                .bind(name)
+                .bind(&req.owner_key)
+                .bind(req.mode.code() as i16)
+                .bind(take as i32)
+                .bind(max as i32)
+                .bind(token)
+                .bind(now.saturating_add(ms(req.lease)));
+                let insert = if self.holders {
+                    insert.bind(&req.holder)
+                } else {
+                    insert
+                };
+                insert.execute(&mut *c).await?;
                 if let Some(t) = mine {
                     sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
                     changed |= req.fair;

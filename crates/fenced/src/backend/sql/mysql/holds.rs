@@ -130,7 +130,12 @@ impl LockBackend for MySqlBackend {
 
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
-            let rows = sqlx::query(STATUS_HOLDS)
+            let show = if self.holders {
+                SHOW_HOLDS
+            } else {
+                STATUS_HOLDS
+            };
+            let rows = sqlx::query(show)
                 .bind(name.as_str())
                 .fetch_all(&self.pool)
                 .await

@@ -72,8 +72,10 @@ pub(crate) struct MySqlBackend {
     bell: Arc<AtomicI64>,
     /// None in advisory mode, whose waiters the server itself wakes.
     doorbell: Option<tokio::task::JoinHandle<()>>,
-    /// Whether `fenced_try_grant` exists (see [`TRY_GRANT_DDL`]).
+    /// Whether `fenced_try_grant2` exists (see [`TRY_GRANT_DDL`]).
     fast: AtomicBool,
+    /// Whether `fenced_holds` has the `holder` column.
+    holders: bool,
 }
 
 impl Drop for MySqlBackend {
@@ -163,7 +165,7 @@ impl MySqlBackend {
             .connect_with(opts.clone())
             .await
             .map_err(|e| db(&label, e))?;
-        let fast;
+        let (fast, holders);
         {
             let mut c = pool.acquire().await.map_err(|e| db(&label, e))?;
             sqlx::query("SELECT GET_LOCK('fenced_schema', 30)")
@@ -178,19 +180,23 @@ impl MySqlBackend {
                     return Err(db(&label, e));
                 }
             }
+            holders = has_holder_column(&mut c, &label).await;
             // CREATE FUNCTION is not a preparable statement: text protocol.
-            fast = match sqlx::raw_sql(TRY_GRANT_DDL).execute(&mut *c).await {
-                Ok(_) => true,
-                Err(e) => {
-                    tracing::warn!(
-                        server = %label,
-                        error = %e,
-                        "cannot create the function fenced_try_grant: every acquire takes \
-                         the full transaction"
-                    );
-                    false
-                }
-            };
+            // The one-call grant writes the holder: without the column,
+            // every acquire takes the full transaction.
+            fast = holders
+                && match sqlx::raw_sql(TRY_GRANT_DDL).execute(&mut *c).await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::warn!(
+                            server = %label,
+                            error = %e,
+                            "cannot create the function fenced_try_grant2: every acquire takes \
+                             the full transaction"
+                        );
+                        false
+                    }
+                };
             sqlx::query("SELECT RELEASE_LOCK('fenced_schema')")
                 .execute(&mut *c)
                 .await
@@ -240,6 +246,7 @@ impl MySqlBackend {
             bell,
             doorbell,
             fast: fast.into(),
+            holders,
         })
     }
 
@@ -401,5 +408,32 @@ impl MySqlBackend {
                 .await;
         out.push(crate::doctor::clock_read(now));
         Ok(out)
+    }
+}
+
+/// Whether `fenced_holds` has the `holder` column, adding it to tables an
+/// older fenced made; a user who may not alter them goes on without it
+/// (holds then show no holder), and says so. Run under `fenced_schema`,
+/// which the caller releases after: no error returns early.
+async fn has_holder_column(c: &mut sqlx::MySqlConnection, label: &str) -> bool {
+    let added = match sqlx::query_scalar::<_, i64>(HAS_HOLDER)
+        .fetch_one(&mut *c)
+        .await
+    {
+        Ok(n) if n > 0 => return true,
+        Ok(_) => sqlx::query(ADD_HOLDER).execute(&mut *c).await.map(drop),
+        Err(e) => Err(e),
+    };
+    match added {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                server = %label,
+                error = %e,
+                "cannot add the column holder to fenced_holds: holds will not show their \
+                 host, process and command"
+            );
+            false
+        }
     }
 }

@@ -15,6 +15,7 @@ pub(crate) const SCHEMA: &[&str] = &[
         `max`      INT NOT NULL,
         token      BIGINT NOT NULL,
         expires_ms BIGINT NOT NULL,
+        holder     VARCHAR(600) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
         KEY fenced_holds_name (name)
     ) ENGINE = InnoDB",
     "CREATE TABLE IF NOT EXISTS fenced_waiters (
@@ -38,10 +39,10 @@ pub(crate) const SCHEMA: &[&str] = &[
 /// name without holds, and returns NULL, leaving the decision to that
 /// transaction, when any hold row exists. The reads are locking reads, so
 /// they see the latest commits whatever the isolation level.
-pub(super) const TRY_GRANT_DDL: &str = "CREATE FUNCTION IF NOT EXISTS fenced_try_grant(
+pub(super) const TRY_GRANT_DDL: &str = "CREATE FUNCTION IF NOT EXISTS fenced_try_grant2(
     p_name VARBINARY(512), p_hold VARCHAR(64) CHARACTER SET ascii,
     p_owner VARCHAR(1024) CHARACTER SET utf8mb4, p_mode SMALLINT, p_take INT, p_max INT,
-    p_ms BIGINT) RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA
+    p_ms BIGINT, p_holder VARCHAR(600) CHARACTER SET utf8mb4) RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA
 BEGIN
     DECLARE v_last, v_us, v_now, v_token BIGINT;
     DECLARE v_holds INT;
@@ -55,12 +56,20 @@ BEGIN
     END IF;
     SET v_token = GREATEST(v_last + 1, v_us);
     UPDATE fenced_locks SET token = v_token WHERE name = p_name;
-    INSERT INTO fenced_holds (hold_id, name, owner, `mode`, take, `max`, token, expires_ms)
-        VALUES (p_hold, p_name, p_owner, p_mode, p_take, p_max, v_token, v_now + p_ms);
+    INSERT INTO fenced_holds (hold_id, name, owner, `mode`, take, `max`, token, expires_ms, holder)
+        VALUES (p_hold, p_name, p_owner, p_mode, p_take, p_max, v_token, v_now + p_ms, p_holder);
     RETURN v_token;
 END";
 
-pub(super) const TRY_GRANT: &str = "SELECT fenced_try_grant(?, ?, ?, ?, ?, ?, ?)";
+pub(super) const TRY_GRANT: &str = "SELECT fenced_try_grant2(?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// Whether `fenced_holds` has the `holder` column (tables made by an older
+/// fenced do not).
+pub(super) const HAS_HOLDER: &str =
+    "SELECT CAST(COUNT(*) AS SIGNED) FROM information_schema.COLUMNS
+    WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'fenced_holds' AND COLUMN_NAME = 'holder'";
+pub(super) const ADD_HOLDER: &str = "ALTER TABLE fenced_holds
+    ADD COLUMN holder VARCHAR(600) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL";
 
 /// The names starting with the prefix (bound twice, as bytes) that have a
 /// live hold or queue place: a byte range on the `VARBINARY` names, which
@@ -94,6 +103,11 @@ pub(super) const QUEUE: &str = "SELECT
     CAST(EXISTS (SELECT 1 FROM fenced_waiters WHERE name = ? AND fair = 1 AND ticket < ?) AS SIGNED) AS ahead";
 pub(super) const SET_TOKEN: &str = "UPDATE fenced_locks SET token = ? WHERE name = ?";
 pub(super) const INSERT_HOLD: &str = "INSERT INTO fenced_holds
+    (hold_id, name, owner, `mode`, take, `max`, token, expires_ms, holder)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
+/// [`INSERT_HOLD`] on tables without the `holder` column that this user
+/// may not add.
+pub(super) const INSERT_HOLD_ANON: &str = "INSERT INTO fenced_holds
     (hold_id, name, owner, `mode`, take, `max`, token, expires_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
 pub(super) const DELETE_TICKET: &str = "DELETE FROM fenced_waiters WHERE ticket = ?";
 pub(super) const REFRESH_TICKET: &str =
@@ -114,6 +128,11 @@ pub(super) const ABANDON_TICKET: &str = "DELETE FROM fenced_waiters WHERE ticket
 pub(super) const ABANDON_HOLD: &str = "DELETE FROM fenced_holds WHERE hold_id = ?";
 pub(super) const STATUS_HOLDS: &str =
     "SELECT hold_id, owner, `mode`, take, `max`, token, expires_ms,
+    CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) AS now_ms
+    FROM fenced_holds WHERE name = ?";
+/// [`STATUS_HOLDS`] with the holders' records.
+pub(super) const SHOW_HOLDS: &str =
+    "SELECT hold_id, owner, `mode`, take, `max`, token, expires_ms, holder,
     CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) AS now_ms
     FROM fenced_holds WHERE name = ?";
 pub(super) const STATUS_REST: &str = "SELECT

@@ -106,6 +106,8 @@ impl LockBackend for MySqlAdvisory {
                     token: last_token,
                     // and has no lease on the server while its session lives.
                     lease_left: Duration::MAX,
+                    // GET_LOCK keeps nothing beside the lock.
+                    holder: None,
                 });
             }
             // The server shows no waiters of `GET_LOCK`: this client's own

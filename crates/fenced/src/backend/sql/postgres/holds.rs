@@ -85,7 +85,12 @@ impl LockBackend for PgBackend {
 
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
-            let rows = sqlx::query(SELECT_HOLDS)
+            let show = if self.holders {
+                SHOW_HOLDS
+            } else {
+                SELECT_HOLDS
+            };
+            let rows = sqlx::query(show)
                 .bind(name.as_str())
                 .fetch_all(&self.pool)
                 .await

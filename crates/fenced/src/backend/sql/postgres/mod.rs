@@ -54,8 +54,10 @@ pub(crate) struct PgBackend {
     identity: String,
     /// How long one request may take (`timeout=`).
     timeout: Duration,
-    /// Whether `fenced_try_grant` can be called.
+    /// Whether `fenced_try_grant2` can be called.
     fast: std::sync::atomic::AtomicBool,
+    /// Whether `fenced_holds` has the `holder` column.
+    holders: bool,
     listener: tokio::task::JoinHandle<()>,
 }
 
@@ -141,18 +143,23 @@ impl PgBackend {
                 }
             })?;
         }
-        let mut savepoint = tx.begin().await.map_err(|e| db(&label, e))?;
-        let fast = match sqlx::raw_sql(TRY_GRANT_DDL).execute(&mut *savepoint).await {
-            Ok(_) => savepoint.commit().await.is_ok(),
-            Err(e) => {
-                tracing::warn!(
-                    server = %label,
-                    error = %e,
-                    "cannot create the function fenced_try_grant: every acquire takes \
-                     the full transaction"
-                );
-                let _ = savepoint.rollback().await;
-                false
+        let holders = has_holder_column(&mut tx, &label).await?;
+        // The one-call grant writes the holder: without the column, every
+        // acquire takes the full transaction.
+        let fast = holders && {
+            let mut savepoint = tx.begin().await.map_err(|e| db(&label, e))?;
+            match sqlx::raw_sql(TRY_GRANT_DDL).execute(&mut *savepoint).await {
+                Ok(_) => savepoint.commit().await.is_ok(),
+                Err(e) => {
+                    tracing::warn!(
+                        server = %label,
+                        error = %e,
+                        "cannot create the function fenced_try_grant2: every acquire takes \
+                         the full transaction"
+                    );
+                    let _ = savepoint.rollback().await;
+                    false
+                }
             }
         };
         tx.commit().await.map_err(|e| db(&label, e))?;
@@ -174,6 +181,7 @@ impl PgBackend {
             identity,
             timeout,
             fast: fast.into(),
+            holders,
             listener,
         });
         Ok((me, opts, advisory))
@@ -349,5 +357,37 @@ impl PgBackend {
                 .await;
         out.push(crate::doctor::clock_read(now));
         Ok(out)
+    }
+}
+
+/// Whether `fenced_holds` has the `holder` column, adding it to tables an
+/// older fenced made; a role that may not alter them goes on without it
+/// (holds then show no holder), and says so.
+async fn has_holder_column(c: &mut sqlx::PgConnection, label: &str) -> Result<bool> {
+    let has: bool = sqlx::query_scalar(HAS_HOLDER)
+        .fetch_one(&mut *c)
+        .await
+        .map_err(|e| db(label, e))?;
+    if has {
+        return Ok(true);
+    }
+    let mut savepoint = sqlx::Connection::begin(&mut *c)
+        .await
+        .map_err(|e| db(label, e))?;
+    match sqlx::query(ADD_HOLDER).execute(&mut *savepoint).await {
+        Ok(_) => {
+            savepoint.commit().await.map_err(|e| db(label, e))?;
+            Ok(true)
+        }
+        Err(e) => {
+            tracing::warn!(
+                server = %label,
+                error = %e,
+                "cannot add the column holder to fenced_holds: holds will not show their \
+                 host, process and command (ALTER TABLE fenced_holds ADD COLUMN holder TEXT)"
+            );
+            let _ = savepoint.rollback().await;
+            Ok(false)
+        }
     }
 }

@@ -16,7 +16,8 @@ CREATE TABLE IF NOT EXISTS fenced_holds (
     take       INTEGER NOT NULL,
     max        INTEGER NOT NULL,
     token      BIGINT NOT NULL,
-    expires_at TIMESTAMPTZ NOT NULL          -- database time
+    expires_at TIMESTAMPTZ NOT NULL,         -- database time
+    holder     TEXT                          -- host, pid, command, grant time (see `Holder`)
 );
 CREATE INDEX IF NOT EXISTS fenced_holds_name ON fenced_holds (name);
 CREATE TABLE IF NOT EXISTS fenced_waiters (
@@ -56,9 +57,9 @@ pub(crate) const GRANTED_NAMES: &str =
 pub(super) const TRY_GRANT_DDL: &str = "
 DO $do$
 BEGIN
-IF to_regprocedure('fenced_try_grant(text, text, text, smallint, integer, integer, double precision)') IS NULL THEN
-CREATE FUNCTION fenced_try_grant(p_name TEXT, p_hold TEXT, p_owner TEXT,
-    p_mode SMALLINT, p_take INTEGER, p_max INTEGER, p_ms DOUBLE PRECISION)
+IF to_regprocedure('fenced_try_grant2(text, text, text, smallint, integer, integer, double precision, text)') IS NULL THEN
+CREATE FUNCTION fenced_try_grant2(p_name TEXT, p_hold TEXT, p_owner TEXT,
+    p_mode SMALLINT, p_take INTEGER, p_max INTEGER, p_ms DOUBLE PRECISION, p_holder TEXT)
     RETURNS BIGINT LANGUAGE plpgsql AS $fn$
 DECLARE
     last BIGINT;
@@ -75,14 +76,20 @@ BEGIN
     END IF;
     granted := GREATEST(last + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
     UPDATE fenced_locks SET token = granted WHERE name = p_name;
-    INSERT INTO fenced_holds (hold_id, name, owner, mode, take, max, token, expires_at)
+    INSERT INTO fenced_holds (hold_id, name, owner, mode, take, max, token, expires_at, holder)
         VALUES (p_hold, p_name, p_owner, p_mode, p_take, p_max, granted,
-                clock_timestamp() + p_ms * interval '1 millisecond');
+                clock_timestamp() + p_ms * interval '1 millisecond', p_holder);
     RETURN granted;
 END $fn$;
 END IF;
 END $do$;
 ";
+
+/// Whether `fenced_holds` has the `holder` column (tables made by an older
+/// fenced do not).
+pub(super) const HAS_HOLDER: &str = "SELECT EXISTS (SELECT 1 FROM pg_attribute
+    WHERE attrelid = to_regclass('fenced_holds') AND attname = 'holder' AND NOT attisdropped)";
+pub(super) const ADD_HOLDER: &str = "ALTER TABLE fenced_holds ADD COLUMN IF NOT EXISTS holder TEXT";
 
 /// Whether the tables exist already (then [`SCHEMA`] is not run).
 pub(super) const HAS_TABLES: &str = "SELECT to_regclass('fenced_locks') IS NOT NULL
@@ -127,7 +134,7 @@ pub(super) const NEXT_TOKEN: &str = "INSERT INTO fenced_locks (name, token)
     ON CONFLICT (name) DO UPDATE SET token = GREATEST(fenced_locks.token + 1, EXCLUDED.token)
     RETURNING token";
 
-pub(super) const TRY_GRANT: &str = "SELECT fenced_try_grant($1, $2, $3, $4, $5, $6, $7)";
+pub(super) const TRY_GRANT: &str = "SELECT fenced_try_grant2($1, $2, $3, $4, $5, $6, $7, $8)";
 pub(super) const LOCK_NAME: &str = "INSERT INTO fenced_locks (name) VALUES ($1)
     ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
     RETURNING token, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us";
@@ -137,10 +144,18 @@ pub(super) const PURGE: &str = "WITH h AS (DELETE FROM fenced_holds WHERE name =
 pub(super) const SELECT_HOLDS: &str = "SELECT hold_id, owner, mode, take, max, token,
     (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS left_ms
     FROM fenced_holds WHERE name = $1 AND expires_at > clock_timestamp()";
+/// [`SELECT_HOLDS`] with the holders' records, for status.
+pub(super) const SHOW_HOLDS: &str = "SELECT hold_id, owner, mode, take, max, token, holder,
+    (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint AS left_ms
+    FROM fenced_holds WHERE name = $1 AND expires_at > clock_timestamp()";
 pub(super) const QUEUE: &str = "SELECT
     EXISTS (SELECT 1 FROM fenced_waiters WHERE ticket = $2 AND name = $1) AS mine,
     EXISTS (SELECT 1 FROM fenced_waiters WHERE name = $1 AND fair AND ticket < $2) AS ahead";
 pub(super) const GRANT: &str = "WITH t AS (UPDATE fenced_locks SET token = $7 WHERE name = $2)
+    INSERT INTO fenced_holds (hold_id, name, owner, mode, take, max, token, expires_at, holder)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp() + $8 * interval '1 millisecond', $9)";
+/// [`GRANT`] on tables without the `holder` column that this role may not add.
+pub(super) const GRANT_ANON: &str = "WITH t AS (UPDATE fenced_locks SET token = $7 WHERE name = $2)
     INSERT INTO fenced_holds (hold_id, name, owner, mode, take, max, token, expires_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp() + $8 * interval '1 millisecond')";
 pub(super) const DELETE_TICKET: &str = "DELETE FROM fenced_waiters WHERE ticket = $1";

@@ -115,6 +115,8 @@ impl LockBackend for PgAdvisory {
                     token: last_token,
                     // and has no lease on the server while its session lives.
                     lease_left: Duration::MAX,
+                    // An advisory lock keeps nothing beside the lock.
+                    holder: None,
                 });
             }
             Ok(LockStatus::new(holders, waiters, last_token))

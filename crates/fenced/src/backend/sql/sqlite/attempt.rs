@@ -84,6 +84,7 @@ impl SqliteBackend {
                     .bind(i64::from(max))
                     .bind(token_i)
                     .bind(now.saturating_add(ms(req.lease)))
+                    .bind(&req.holder)
                     .execute(&mut *c)
                     .await
                     .map_err(db)?;

@@ -117,7 +117,7 @@ impl LockBackend for SqliteBackend {
         Box::pin(async move {
             let now = now_ms();
             let mut c = self.pool.acquire().await.map_err(db)?;
-            let rows = q(SELECT_HOLDS)
+            let rows = q(SHOW_HOLDS)
                 .bind(name.as_str())
                 .fetch_all(&mut *c)
                 .await

@@ -10,7 +10,8 @@ CREATE TABLE IF NOT EXISTS fenced_holds (
     take       INTEGER NOT NULL,   -- permits taken (mode 2)
     max        INTEGER NOT NULL,   -- permits in all (mode 2)
     token      INTEGER NOT NULL,
-    expires_ms INTEGER NOT NULL    -- host wall clock, ms since 1970
+    expires_ms INTEGER NOT NULL,   -- host wall clock, ms since 1970
+    holder     TEXT                -- host, pid, command, grant time (see `Holder`)
 );
 CREATE INDEX IF NOT EXISTS fenced_holds_name ON fenced_holds (name);
 CREATE TABLE IF NOT EXISTS fenced_tokens (
@@ -46,6 +47,14 @@ pub(super) const PURGE_WAITERS: &str =
     "DELETE FROM fenced_waiters WHERE name = ?1 AND expires_ms <= ?2";
 pub(super) const SELECT_HOLDS: &str =
     "SELECT hold_id, owner, mode, take, max, token, expires_ms FROM fenced_holds WHERE name = ?1";
+/// [`SELECT_HOLDS`] with the holders' records, for status.
+pub(super) const SHOW_HOLDS: &str =
+    "SELECT hold_id, owner, mode, take, max, token, expires_ms, holder
+    FROM fenced_holds WHERE name = ?1";
+/// Whether a file made before holds recorded their holder needs the column.
+pub(super) const HAS_HOLDER: &str =
+    "SELECT EXISTS (SELECT 1 FROM pragma_table_info('fenced_holds') WHERE name = 'holder')";
+pub(super) const ADD_HOLDER: &str = "ALTER TABLE fenced_holds ADD COLUMN holder TEXT";
 pub(super) const MY_TICKET: &str =
     "SELECT ticket FROM fenced_waiters WHERE ticket = ?1 AND name = ?2";
 pub(super) const FAIR_AHEAD: &str =
@@ -59,8 +68,8 @@ pub(super) const NAME_TOKEN: &str = "SELECT token FROM fenced_tokens WHERE name 
 pub(super) const SET_TOKEN: &str = "INSERT INTO fenced_tokens (name, token) VALUES (?1, ?2)
     ON CONFLICT (name) DO UPDATE SET token = excluded.token";
 pub(super) const INSERT_HOLD: &str = "INSERT INTO fenced_holds
-    (hold_id, name, owner, mode, take, max, token, expires_ms)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+    (hold_id, name, owner, mode, take, max, token, expires_ms, holder)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
 pub(super) const DELETE_TICKET: &str = "DELETE FROM fenced_waiters WHERE ticket = ?1";
 pub(super) const REFRESH_TICKET: &str =
     "UPDATE fenced_waiters SET expires_ms = ?2 WHERE ticket = ?1";
