@@ -214,10 +214,15 @@ fn list_shows_the_held_locks_as_a_table_and_as_json() {
     };
     assert_eq!(listed[0]["name"], "jobs:a");
     assert_eq!(listed[1]["name"], "jobs:b");
-    for l in &listed {
+    for (l, child) in listed.iter().zip(&holders) {
         assert_eq!(l["held"], true);
         assert_eq!(l["holders"][0]["mode"], "exclusive");
         assert_eq!(l["holders"][0]["token"], l["last_token"]);
+        // Who holds: the `fenced run` process, and the command it runs.
+        let who = &l["holders"][0]["holder"];
+        assert_eq!(who["pid"], child.id(), "{l}");
+        assert_eq!(who["command"], "sleep 60", "{l}");
+        assert!(who["granted_at_ms"].as_u64().is_some_and(|t| t > 0), "{l}");
     }
     let out = fenced(&url, &["list"]);
     let text = String::from_utf8(out.stdout).unwrap();
@@ -227,9 +232,16 @@ fn list_shows_the_held_locks_as_a_table_and_as_json() {
         lines[0].starts_with("NAME") && lines[0].contains("LEASE LEFT"),
         "{text}"
     );
-    for (line, name) in lines[1..].iter().zip(["jobs:a", "jobs:b", "other"]) {
+    for ((line, name), child) in lines[1..]
+        .iter()
+        .zip(["jobs:a", "jobs:b", "other"])
+        .zip(&holders)
+    {
         assert!(
-            line.starts_with(name) && line.contains("exclusive"),
+            line.starts_with(name)
+                && line.contains("exclusive")
+                && line.contains(&format!(" {}@", child.id()))
+                && line.ends_with(" sleep 60"),
             "{text}"
         );
     }
