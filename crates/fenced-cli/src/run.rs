@@ -86,8 +86,8 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
     };
     let lock = lock.lease(args.lease).fair(args.fair);
     // What `status`, `list` and `top` show as the holder's command: the
-    // command run, not `fenced run …`.
-    client.set_command(&args.cmd.join(" "));
+    // command run, not `fenced run …`, with what looks like a secret masked.
+    client.set_command(&shown_command(&args.cmd));
     let wait = if args.nonblock {
         Some(Duration::ZERO)
     } else {
@@ -179,5 +179,113 @@ fn exit_code(status: std::process::ExitStatus) -> ExitCode {
         (Some(c), _) => ExitCode::from(c.clamp(0, 255) as u8),
         (None, Some(s)) => ExitCode::from((128 + s).clamp(0, 255) as u8),
         _ => ExitCode::FAILURE,
+    }
+}
+
+/// CMD as a holder record shows it: its words as a shell would read them
+/// back, with the values of arguments that look like secrets (`--password
+/// X`, `--token=X`, `-pX`, a URL's password) replaced by `***`, since
+/// whoever can read the locks can read the record.
+fn shown_command(cmd: &[String]) -> String {
+    const SECRET: [&str; 5] = ["pass", "secret", "token", "key", "auth"];
+    let secret = |flag: &str| {
+        let f = flag.trim_start_matches('-').to_ascii_lowercase();
+        flag.starts_with('-') && SECRET.iter().any(|s| f.contains(s))
+    };
+    let mut shown = Vec::with_capacity(cmd.len());
+    let mut hide_next = false;
+    for arg in cmd {
+        let word = if std::mem::take(&mut hide_next) {
+            "***".to_owned()
+        } else if arg.len() > 2 && arg.starts_with("-p") && !arg.starts_with("--") {
+            // mysql's -pPASSWORD
+            "-p***".to_owned()
+        } else if let Some((flag, _)) = arg.split_once('=').filter(|(f, _)| secret(f)) {
+            format!("{flag}=***")
+        } else if secret(arg) {
+            hide_next = true;
+            arg.clone()
+        } else {
+            hide_url_password(arg)
+        };
+        shown.push(word);
+    }
+    shell_words(&shown)
+}
+
+/// `scheme://user:password@host…` with the password as `***`.
+fn hide_url_password(arg: &str) -> String {
+    let Some(scheme_end) = arg.find("://") else {
+        return arg.to_owned();
+    };
+    let rest = &arg[scheme_end + 3..];
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    match authority
+        .rfind('@')
+        .and_then(|at| authority[..at].find(':').map(|c| (c, at)))
+    {
+        Some((colon, at)) => format!(
+            "{}{}:***{}",
+            &arg[..scheme_end + 3],
+            &rest[..colon],
+            &rest[at..]
+        ),
+        None => arg.to_owned(),
+    }
+}
+
+/// Words joined as a shell would read them back: one with a space, a
+/// quote or a shell character in it is single-quoted (not for `*`: the
+/// masks stay readable).
+fn shell_words(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| {
+            if !w.is_empty()
+                && !w.contains(|c: char| c.is_whitespace() || "'\"\\$`;&|<>()".contains(c))
+            {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown_command;
+
+    fn shown(words: &[&str]) -> String {
+        shown_command(&words.iter().map(|w| w.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn secrets_are_masked_and_words_quoted() {
+        assert_eq!(shown(&["sleep", "60"]), "sleep 60");
+        assert_eq!(
+            shown(&["sh", "-c", "echo 'hi' $X"]),
+            r#"sh -c 'echo '\''hi'\'' $X'"#
+        );
+        assert_eq!(
+            shown(&[
+                "dump",
+                "--password",
+                "s3cr3t",
+                "--api-key=abc",
+                "-psecret",
+                "-v"
+            ]),
+            "dump --password *** --api-key=*** -p*** -v"
+        );
+        assert_eq!(
+            shown(&["psql", "postgres://app:hunter2@db:5432/x?sslmode=require"]),
+            "psql postgres://app:***@db:5432/x?sslmode=require"
+        );
+        assert_eq!(
+            shown(&["curl", "https://example.com/a@b"]),
+            "curl https://example.com/a@b"
+        );
     }
 }

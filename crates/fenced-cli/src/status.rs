@@ -70,15 +70,21 @@ fn holder_text(h: &fenced::HolderInfo) -> String {
 }
 
 /// How long ago the hold was granted, by this host's clock against the
-/// holder's; `-` where the hold recorded no time.
+/// holder's, in its two largest units (`42s`, `12m5s`, `3h12m`, `2d3h`);
+/// `-` where the hold recorded no time.
 fn held_for(h: &fenced::HolderInfo) -> String {
     let Some(w) = &h.holder else {
         return "-".to_owned();
     };
-    let secs = std::time::SystemTime::now()
+    let s = std::time::SystemTime::now()
         .duration_since(w.granted_at)
         .map_or(0, |d| d.as_secs());
-    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        3600..86400 => format!("{}h{}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{}h", s / 86400, s % 86400 / 3600),
+    }
 }
 
 /// The columns of `list` and `top`.

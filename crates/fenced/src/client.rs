@@ -131,10 +131,11 @@ impl Client {
 
     /// Sets the command that this client's holds record from now on (shown
     /// by `fenced status`, `list` and `top` beside the host and process
-    /// id): a name for the job, say, where the process's command line says
-    /// little. It starts as the command line; `fenced run` sets the command
-    /// it runs. Cut to [`MAX_COMMAND_LEN`](crate::MAX_COMMAND_LEN) bytes,
-    /// on one line.
+    /// id): a name for the job, say. It starts as the program's name (not
+    /// its arguments, which may carry secrets: the record is readable by
+    /// whoever can read the locks); `fenced run` sets the command it runs.
+    /// Cut to [`MAX_COMMAND_LEN`](crate::MAX_COMMAND_LEN) bytes, on one
+    /// line.
     ///
     /// ```
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {

@@ -40,9 +40,9 @@ pub struct Holder {
     pub host: String,
     /// That process's id.
     pub pid: u32,
-    /// Its command line, or the name set with
+    /// Its program's name, or what was set with
     /// [`Client::set_command`](crate::Client::set_command) (`fenced run`
-    /// sets the command it runs).
+    /// sets the command it runs, with what looks like a secret masked).
     pub command: String,
     /// When the attempt that was granted was sent, by that host's clock.
     pub granted_at: SystemTime,
@@ -88,14 +88,15 @@ pub(crate) struct Whoami {
 }
 
 impl Default for Whoami {
+    /// The program's name, not its whole command line: arguments may carry
+    /// passwords, and the record is readable by whoever can read the locks.
     fn default() -> Self {
-        let args: Vec<String> = std::env::args().collect();
         let me = Whoami {
             rest: std::sync::RwLock::new("".into()),
             pid: std::process::id(),
             host: clean(&host_name(), MAX_HOST_LEN, true),
         };
-        me.set_command(&shell_words(&args));
+        me.set_command(&program_name());
         me
     }
 }
@@ -128,19 +129,14 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
-/// Arguments joined as a shell would read them back: an argument with a
-/// space or a quote in it is single-quoted.
-pub(crate) fn shell_words(args: &[String]) -> String {
-    args.iter()
-        .map(|a| {
-            if !a.is_empty() && !a.contains(|c: char| c.is_whitespace() || "'\"\\$`".contains(c)) {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+/// The file name of the program this process runs (as `ps -o comm`
+/// shows it), lossily UTF-8.
+fn program_name() -> String {
+    std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default()
 }
 
 /// `s` on one line and at most `max` bytes; with `no_space`, spaces
@@ -173,6 +169,13 @@ fn clean(s: &str, max: usize, no_space: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_command_is_the_program_name() {
+        let h = Holder::decode(Whoami::default().record().as_bytes()).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(h.command, exe.file_name().unwrap().to_string_lossy());
+    }
 
     #[test]
     fn a_record_reads_back() {
@@ -213,11 +216,5 @@ mod tests {
         let h = Holder::decode(me.record().as_bytes()).unwrap();
         assert!(h.command.len() <= MAX_COMMAND_LEN, "{}", h.command.len());
         assert!(h.command.ends_with('…'));
-    }
-
-    #[test]
-    fn words_quote_what_a_shell_would_split() {
-        let args = ["sh", "-c", "echo 'hi' $X", ""].map(String::from);
-        assert_eq!(shell_words(&args), r#"sh -c 'echo '\''hi'\'' $X' ''"#);
     }
 }

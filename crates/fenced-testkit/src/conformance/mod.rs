@@ -349,6 +349,37 @@ pub async fn holders_say_who_they_are(fx: &Fixture) {
     assert_eq!(st.holders[0].holder.as_ref(), Some(&who));
     assert!(g.release().await.unwrap());
     assert!(g2.release().await.unwrap());
+    // A waiter's hold shows when it was granted, not when it queued. etcd
+    // and ZooKeeper write a waiter's key when it queues, and the record
+    // again, in the background, once granted: it shows a time after the
+    // release. Elsewhere the granting attempt writes it, which a waiter
+    // may have sent up to a round trip before the release it follows.
+    let queues_keys = ["etcd", "zk"].iter().any(|s| fx.url.starts_with(s));
+    let t = Timing::default();
+    let third = unique("who");
+    let held = b.mutex(&third).unwrap().acquire().await.unwrap();
+    let lock = a.mutex(&third).unwrap();
+    let waiter = tokio::spawn(async move { lock.acquire().await });
+    // Queued where the backend shows waiters (etcd and ZooKeeper do);
+    // elsewhere, given a moment to start waiting.
+    let queued = async {
+        while b.status(&third).await.unwrap().waiters == 0 {
+            tokio::time::sleep(t.ms(10)).await;
+        }
+    };
+    let _ = tokio::time::timeout(t.ms(300), queued).await;
+    let released_at = ms(std::time::SystemTime::now());
+    assert!(held.release().await.unwrap());
+    let got = waiter.await.unwrap().unwrap();
+    if queues_keys {
+        t.wait_until("the record shows the grant's time", || async {
+            let st = b.status(&third).await.unwrap();
+            let who = st.holders[0].holder.as_ref().expect("a record");
+            who.granted_at_ms() >= released_at
+        })
+        .await;
+    }
+    assert!(got.release().await.unwrap());
 }
 
 /// A holder whose lease ran out cannot release or affect the new holder.

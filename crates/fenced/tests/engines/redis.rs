@@ -248,6 +248,77 @@ async fn redisson_layout_on_the_wire() {
     assert!(token > 0);
 }
 
+/// A hold's record of its holder is the hash field `@<hold id>`, gone with
+/// the hold. A record whose hold an older fenced cleared (it knows no
+/// records) is forgotten by the next script, not taken for a holder; an
+/// `@` field that is no record of ours is a foreign holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_records_on_the_wire() {
+    let server = RedisServer::start();
+    let c = Client::connect(&server.url()).await.unwrap();
+    let mut con = raw_connection(&server);
+    let name = unique("rec");
+    let fields = |con: &mut redis::Connection| -> Vec<(String, String)> {
+        let mut all: Vec<(String, String)> = redis::cmd("HGETALL").arg(&name).query(con).unwrap();
+        all.sort();
+        all
+    };
+    let g = c.mutex(&name).unwrap().acquire().await.unwrap();
+    let held = fields(&mut con);
+    assert_eq!(held.len(), 3, "owner, ~hold, @record: {held:?}");
+    let record = held
+        .iter()
+        .find(|(f, _)| f.starts_with('@'))
+        .expect("@<hold id>");
+    assert!(record.1.starts_with("fenced1 "), "{record:?}");
+    assert!(
+        held.iter()
+            .any(|(f, _)| f[1..] == record.0[1..] && f.starts_with('~'))
+    );
+    assert!(g.release().await.unwrap());
+    let exists: i64 = redis::cmd("EXISTS").arg(&name).query(&mut con).unwrap();
+    assert_eq!(exists, 0, "the record goes with the hold");
+
+    let _: () = redis::cmd("HSET")
+        .arg(&name)
+        .arg("@orphan")
+        .arg("fenced1 1 2 host cmd")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&name)
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    let g = c.mutex(&name).unwrap().try_acquire().await.unwrap();
+    let g = g.expect("an orphaned record holds nothing");
+    assert!(fields(&mut con).iter().all(|(f, _)| f != "@orphan"));
+    assert!(g.release().await.unwrap());
+
+    let _: () = redis::cmd("HSET")
+        .arg(&name)
+        .arg("@someone")
+        .arg("not ours")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&name)
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    let st = c.status(&name).await.unwrap();
+    assert_eq!(st.holders.len(), 1, "{st:?}");
+    assert_eq!(st.holders[0].owner, "@someone");
+    assert!(
+        c.mutex(&name)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
 /// RedLock with one of three masters killed while a lock is held: the
 /// holder keeps it (renewals reach a majority), nobody else gets it, and
 /// after the release the next holder is granted by the remaining majority.

@@ -66,6 +66,30 @@ impl EtcdShared {
             .map(|o| o.owner.clone())
     }
 
+    /// A waiter's key was written when it queued: its holder record gets
+    /// the grant's time, in the background (waiters watch deletes only,
+    /// so nobody wakes for it). Only while the key is the one granted and
+    /// unwritten since: never over a leader's proclaimed value, never
+    /// bringing back a key released meanwhile.
+    fn stamp_grant(&self, own: &OwnKey, rev: i64, req: &Attempt) {
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(own.key.clone(), CompareOp::Equal, rev),
+                Compare::mod_revision(own.key.clone(), CompareOp::Equal, rev),
+            ])
+            .and_then([TxnOp::put(
+                own.key.clone(),
+                value_of(req.mode, &req.holder),
+                Some(PutOptions::new().with_lease(own.lease)),
+            )]);
+        let mut etcd = self.etcd.clone();
+        tokio::spawn(async move {
+            // Bounded by the client's request timeout; a failure leaves the
+            // queueing time, which is all it costs.
+            let _ = etcd.txn(txn).await;
+        });
+    }
+
     pub(super) async fn attempt(self: &Arc<Self>, req: &Attempt) -> Result<Outcome> {
         let prefix = prefix_of(&req.name)?;
         let lease = self.lease()?;
@@ -135,6 +159,9 @@ impl EtcdShared {
                     w.abort();
                 }
                 unpoisoned(&own.deadline).get_or_insert(Instant::now() + req.lease);
+                if !created {
+                    self.stamp_grant(&own, rev, req);
+                }
                 Ok(Outcome::Granted {
                     token: rev as u64,
                     session: Some(self.session.clock.bound_of(own.lease)),

@@ -56,9 +56,17 @@ impl ElectionLayout for EtcdBackend {
         Box::pin(async move {
             // No limit: a nested lock's keys may come first, and are not this one's.
             let kvs = self.inner.queue_of(name).await?;
-            Ok(kvs
-                .first()
-                .map(|kv| (kv.value().to_vec(), kv.create_revision() as u64)))
+            // Until the leader proclaims, its key holds its holder record
+            // (see `value_of`): no value yet, as before the record.
+            Ok(kvs.first().map(|kv| {
+                let v = kv.value();
+                let v = if v.first() == Some(&b'\n') && holder_of(v).is_some() {
+                    Vec::new()
+                } else {
+                    v.to_vec()
+                };
+                (v, kv.create_revision() as u64)
+            }))
         })
     }
 }

@@ -70,13 +70,15 @@ local function load()
   local raw = redis.call('HGETALL', lock)
   local live, changed = {}, false
   if #raw == 0 then return live, changed end
-  local mine, owners = {}, {}
+  local mine, owners, ids, records = {}, {}, {}, {}
   for i = 1, #raw, 2 do
     local f = raw[i]
     local b = string.byte(f, 1)
     if b == 64 then
       -- `@<hold id>`: who holds, beside the `~` field of the hold.
+      table.insert(records, i)
     elseif b == 126 then
+      ids[string.sub(f, 2)] = true
       local h = parse(string.sub(f, 2), raw[i + 1])
       if h.exp <= now then
         changed = true
@@ -88,6 +90,19 @@ local function load()
       end
     else
       table.insert(owners, f)
+    end
+  end
+  for _, i in ipairs(records) do
+    local f = raw[i]
+    if not ids[string.sub(f, 2)] then
+      -- A record whose hold an older fenced (which knows no records)
+      -- cleared when it expired: forgotten. Any other `@` field is a
+      -- foreign client's.
+      if string.sub(raw[i + 1], 1, 8) == 'fenced1 ' then
+        redis.call('HDEL', lock, f)
+      else
+        table.insert(owners, f)
+      end
     end
   end
   local ttl = nil

@@ -13,7 +13,8 @@ impl ZkShared {
         if unpoisoned(&own.child).is_none() && own.create_sent.load(Ordering::Acquire) {
             self.find_protected(&z, &dir, &own).await?;
         }
-        let listed = if unpoisoned(&own.child).is_none() {
+        let queued_before = unpoisoned(&own.child).is_some();
+        let listed = if !queued_before {
             self.create_and_list(&z, &dir, &own, req).await?
         } else {
             None
@@ -51,6 +52,20 @@ impl ZkShared {
                 }
                 self.mark_earlier_holds(&own, token);
                 unpoisoned(&own.deadline).get_or_insert(Instant::now() + req.lease);
+                if queued_before {
+                    // The node's data was written when it queued: the
+                    // holder record gets the grant's time, in the
+                    // background, and only over the data it was created
+                    // with (version 0). The next waiter, watching this
+                    // node, looks once more and waits on.
+                    let (z, path, record) =
+                        (z.clone(), format!("{dir}/{mine}"), req.holder.clone());
+                    let limit = self.timeout;
+                    tokio::spawn(async move {
+                        let set = z.set_data(&path, record.as_bytes(), Some(0));
+                        let _ = tokio::time::timeout(limit, set).await;
+                    });
+                }
                 Ok(Outcome::Granted {
                     token: token as u64,
                     session: Some(self.clock.bound_of(own.session)),
