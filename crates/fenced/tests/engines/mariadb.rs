@@ -252,3 +252,44 @@ async fn a_release_rings_only_doorbells() {
         "a release rang a connection that is not a doorbell: {out:?}"
     );
 }
+
+/// Tables an older fenced made have no `holder` column. A user who may
+/// not alter them goes on without it: its locks exclude as before, and its
+/// holds show no holder. One who may adds it, and holds then show who took
+/// them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_of_an_older_fenced_gain_the_holder_column() {
+    let server = MariaDb::start();
+    drop(Client::connect(&server.url()).await.unwrap());
+    // The layout an older fenced made. `app` may create the tables if
+    // missing (fenced asks for them on every connect), not alter them.
+    server.sql("ALTER TABLE fenced_holds DROP COLUMN holder");
+    server.sql(
+        "CREATE USER 'app'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON mysql.fenced_locks TO 'app'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON mysql.fenced_holds TO 'app'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON mysql.fenced_waiters TO 'app'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON mysql.fenced_registers TO 'app'@'127.0.0.1'",
+    );
+    let has_column = || {
+        server.sql(
+            "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'mysql' \
+             AND TABLE_NAME = 'fenced_holds' AND COLUMN_NAME = 'holder'",
+        )
+    };
+    let app = Client::connect(&server.url().replace("mysql://root@", "mysql://app@"))
+        .await
+        .unwrap();
+    assert_eq!(has_column(), "0", "the user may not add it");
+    let g = app.mutex("old").unwrap().acquire().await.unwrap();
+    assert_eq!(app.status("old").await.unwrap().holders[0].holder, None);
+    fenced_testkit::two_holds_in_turn(&app, "old-turns").await;
+    assert!(g.release().await.unwrap());
+
+    let root = Client::connect(&server.url()).await.unwrap();
+    assert_eq!(has_column(), "1", "root adds it");
+    let g = root.mutex("new").unwrap().acquire().await.unwrap();
+    let who = root.status("new").await.unwrap().holders[0].holder.clone();
+    assert_eq!(who.expect("a holder recorded").pid, std::process::id());
+    assert!(g.release().await.unwrap());
+}

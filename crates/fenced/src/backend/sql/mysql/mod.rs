@@ -416,16 +416,21 @@ impl MySqlBackend {
 /// (holds then show no holder), and says so. Run under `fenced_schema`,
 /// which the caller releases after: no error returns early.
 async fn has_holder_column(c: &mut sqlx::MySqlConnection, label: &str) -> bool {
-    let added = match sqlx::query_scalar::<_, i64>(HAS_HOLDER)
-        .fetch_one(&mut *c)
-        .await
-    {
-        Ok(n) if n > 0 => return true,
-        Ok(_) => sqlx::query(ADD_HOLDER).execute(&mut *c).await.map(drop),
+    let has = async |c: &mut sqlx::MySqlConnection| {
+        sqlx::query_scalar::<_, i64>(HAS_HOLDER)
+            .fetch_one(c)
+            .await
+            .map(|n| n > 0)
+    };
+    let added = match has(&mut *c).await {
+        Ok(true) => return true,
+        Ok(false) => sqlx::query(ADD_HOLDER).execute(&mut *c).await.map(drop),
         Err(e) => Err(e),
     };
     match added {
         Ok(()) => true,
+        // Another process added it first (the schema lock timed out).
+        Err(_) if has(&mut *c).await.unwrap_or(false) => true,
         Err(e) => {
             tracing::warn!(
                 server = %label,

@@ -364,11 +364,13 @@ impl PgBackend {
 /// older fenced made; a role that may not alter them goes on without it
 /// (holds then show no holder), and says so.
 async fn has_holder_column(c: &mut sqlx::PgConnection, label: &str) -> Result<bool> {
-    let has: bool = sqlx::query_scalar(HAS_HOLDER)
-        .fetch_one(&mut *c)
-        .await
-        .map_err(|e| db(label, e))?;
-    if has {
+    let has = async |c: &mut sqlx::PgConnection| {
+        sqlx::query_scalar::<_, bool>(HAS_HOLDER)
+            .fetch_one(c)
+            .await
+            .map_err(|e| db(label, e))
+    };
+    if has(&mut *c).await? {
         return Ok(true);
     }
     let mut savepoint = sqlx::Connection::begin(&mut *c)
@@ -380,14 +382,17 @@ async fn has_holder_column(c: &mut sqlx::PgConnection, label: &str) -> Result<bo
             Ok(true)
         }
         Err(e) => {
+            let _ = savepoint.rollback().await;
+            // A lock wait that timed out (the table busy) is tried again
+            // by the next client to open; missing rights, by nobody.
             tracing::warn!(
                 server = %label,
                 error = %e,
                 "cannot add the column holder to fenced_holds: holds will not show their \
-                 host, process and command (ALTER TABLE fenced_holds ADD COLUMN holder TEXT)"
+                 host, process and command, and every acquire takes the full transaction \
+                 (ALTER TABLE fenced_holds ADD COLUMN holder TEXT)"
             );
-            let _ = savepoint.rollback().await;
-            Ok(false)
+            has(&mut *c).await
         }
     }
 }

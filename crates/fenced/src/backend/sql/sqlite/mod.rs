@@ -252,12 +252,15 @@ async fn open_pool(opts: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error
     // A file an older fenced made: one process adds the column, in a
     // transaction that the others wait behind; older binaries name their
     // columns and leave it empty.
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let has: bool = sqlx::query_scalar(HAS_HOLDER).fetch_one(&mut *tx).await?;
+    let has: bool = sqlx::query_scalar(HAS_HOLDER).fetch_one(&pool).await?;
     if !has {
-        sqlx::query(ADD_HOLDER).execute(&mut *tx).await?;
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        let has: bool = sqlx::query_scalar(HAS_HOLDER).fetch_one(&mut *tx).await?;
+        if !has {
+            sqlx::query(ADD_HOLDER).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
     }
-    tx.commit().await?;
     // Best effort: a file another process holds busy is pruned next time.
     let _ = forget_old_tokens(&pool, 10_000).await;
     Ok(pool)
