@@ -185,16 +185,22 @@ fn exit_code(status: std::process::ExitStatus) -> ExitCode {
 /// CMD as a holder record shows it: its words as a shell would read them
 /// back, with the values of arguments that look like secrets (`--password
 /// X`, `--token=X`, `-pX`, a URL's password) replaced by `***`, since
-/// whoever can read the locks can read the record.
+/// whoever can read the locks can read the record. The words of an
+/// argument with spaces in it (`sh -c '…'`) are looked at the same way.
 fn shown_command(cmd: &[String]) -> String {
+    shell_words(&masked(cmd))
+}
+
+/// `words` with the values of what looks like a secret as `***`.
+fn masked(words: &[String]) -> Vec<String> {
     const SECRET: [&str; 5] = ["pass", "secret", "token", "key", "auth"];
     let secret = |flag: &str| {
         let f = flag.trim_start_matches('-').to_ascii_lowercase();
         flag.starts_with('-') && SECRET.iter().any(|s| f.contains(s))
     };
-    let mut shown = Vec::with_capacity(cmd.len());
+    let mut shown = Vec::with_capacity(words.len());
     let mut hide_next = false;
-    for arg in cmd {
+    for arg in words {
         let word = if std::mem::take(&mut hide_next) {
             "***".to_owned()
         } else if arg.len() > 2 && arg.starts_with("-p") && !arg.starts_with("--") {
@@ -205,12 +211,15 @@ fn shown_command(cmd: &[String]) -> String {
         } else if secret(arg) {
             hide_next = true;
             arg.clone()
+        } else if arg.contains(char::is_whitespace) {
+            let inner: Vec<String> = arg.split_whitespace().map(str::to_owned).collect();
+            masked(&inner).join(" ")
         } else {
             hide_url_password(arg)
         };
         shown.push(word);
     }
-    shell_words(&shown)
+    shown
 }
 
 /// `scheme://user:password@host…` with the password as `***`.
@@ -286,6 +295,10 @@ mod tests {
         assert_eq!(
             shown(&["curl", "https://example.com/a@b"]),
             "curl https://example.com/a@b"
+        );
+        assert_eq!(
+            shown(&["sh", "-c", "pg_dump --password hunter2 db > out"]),
+            "sh -c 'pg_dump --password *** db > out'"
         );
     }
 }
