@@ -279,33 +279,26 @@ async fn holder_records_on_the_wire() {
     let exists: i64 = redis::cmd("EXISTS").arg(&name).query(&mut con).unwrap();
     assert_eq!(exists, 0, "the record goes with the hold");
 
-    let _: () = redis::cmd("HSET")
-        .arg(&name)
-        .arg("@orphan")
-        .arg("fenced1 1 2 host cmd")
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("PEXPIRE")
-        .arg(&name)
-        .arg(60_000)
-        .query(&mut con)
-        .unwrap();
+    // A field put on the lock's hash by hand, for a minute.
+    let plant = |con: &mut redis::Connection, field: &str, value: &str| {
+        let _: () = redis::pipe()
+            .cmd("HSET")
+            .arg(&name)
+            .arg(field)
+            .arg(value)
+            .cmd("PEXPIRE")
+            .arg(&name)
+            .arg(60_000)
+            .query(con)
+            .unwrap();
+    };
+    plant(&mut con, "@orphan", "fenced1 1 2 host cmd");
     let g = c.mutex(&name).unwrap().try_acquire().await.unwrap();
     let g = g.expect("an orphaned record holds nothing");
     assert!(fields(&mut con).iter().all(|(f, _)| f != "@orphan"));
     assert!(g.release().await.unwrap());
 
-    let _: () = redis::cmd("HSET")
-        .arg(&name)
-        .arg("@someone")
-        .arg("not ours")
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("PEXPIRE")
-        .arg(&name)
-        .arg(60_000)
-        .query(&mut con)
-        .unwrap();
+    plant(&mut con, "@someone", "not ours");
     let st = c.status(&name).await.unwrap();
     assert_eq!(st.holders.len(), 1, "{st:?}");
     assert_eq!(st.holders[0].owner, "@someone");

@@ -334,6 +334,48 @@ pub(crate) fn ms(d: std::time::Duration) -> i64 {
     d.as_millis().min(i64::MAX as u128) as i64
 }
 
+/// The insert of a granted hold's row in a server lease table's
+/// transaction: hold id, name, owner, mode, take, max, token, `until` (the
+/// lease, in the engine's type and meaning), and the holder's record when
+/// the table has its column (`with`; else `without`, which leaves it out).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn grant_row<'q, DB, L>(
+    (with, without): (&'static str, &'static str),
+    holders: bool,
+    req: &'q Attempt,
+    token: i64,
+    until: L,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>
+where
+    DB: sqlx::Database,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i16: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i32: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    L: sqlx::Encode<'q, DB> + sqlx::Type<DB> + Send + 'q,
+{
+    let (take, max) = req.mode.permits();
+    let q = sqlx::query(if holders { with } else { without })
+        .bind(req.hold_id.as_str())
+        .bind(req.name.as_str())
+        .bind(req.owner_key.as_str())
+        .bind(req.mode.code() as i16)
+        .bind(take as i32)
+        .bind(max as i32)
+        .bind(token)
+        .bind(until);
+    if holders {
+        q.bind(req.holder.as_str())
+    } else {
+        q
+    }
+}
+
+/// What a role that may not create the one-call grant function is told.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) const NO_GRANT_FUNCTION: &str =
+    "cannot create the function fenced_try_grant2: every acquire takes the full transaction";
+
 /// The one-round-trip grant (`sql`, the backend's call of its
 /// `fenced_try_grant`): the token of a grant, or `None` when the full
 /// transaction must decide. The lease is bound as `lease` (milliseconds,

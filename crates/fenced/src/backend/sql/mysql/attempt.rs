@@ -82,26 +82,15 @@ impl MySqlBackend {
                     .bind(name)
                     .execute(&mut *c)
                     .await?;
-                let (take, max) = req.mode.permits();
-                let insert = sqlx::query(if self.holders {
-                    INSERT_HOLD
-                } else {
-                    INSERT_HOLD_ANON
-                })
-                .bind(&req.hold_id)
-                .bind(name)
-                .bind(&req.owner_key)
-                .bind(req.mode.code() as i16)
-                .bind(take as i32)
-                .bind(max as i32)
-                .bind(token)
-                .bind(now.saturating_add(ms(req.lease)));
-                let insert = if self.holders {
-                    insert.bind(&req.holder)
-                } else {
-                    insert
-                };
-                insert.execute(&mut *c).await?;
+                crate::backend::sql::grant_row(
+                    (INSERT_HOLD, INSERT_HOLD_ANON),
+                    self.holders,
+                    req,
+                    token,
+                    now.saturating_add(ms(req.lease)),
+                )
+                .execute(&mut *c)
+                .await?;
                 if let Some(t) = mine {
                     sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
                     changed |= req.fair;

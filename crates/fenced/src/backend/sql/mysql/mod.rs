@@ -191,8 +191,8 @@ impl MySqlBackend {
                         tracing::warn!(
                             server = %label,
                             error = %e,
-                            "cannot create the function fenced_try_grant2: every acquire takes \
-                             the full transaction"
+                            "{}",
+                            crate::backend::sql::NO_GRANT_FUNCTION
                         );
                         false
                     }

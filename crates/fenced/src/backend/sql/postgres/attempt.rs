@@ -60,22 +60,15 @@ impl PgBackend {
             Decision::Refuse(why) => Outcome::Refused(why),
             Decision::Grant => {
                 let token = (last.saturating_add(1)).max(now_us);
-                let (take, max) = req.mode.permits();
-                let grant = sqlx::query(if self.holders { GRANT } else { GRANT_ANON })
-                    .bind(&req.hold_id)
-                    .bind(name)
-                    .bind(&req.owner_key)
-                    .bind(req.mode.code() as i16)
-                    .bind(take as i32)
-                    .bind(max as i32)
-                    .bind(token)
-                    .bind(ms(req.lease) as f64);
-                let grant = if self.holders {
-                    grant.bind(&req.holder)
-                } else {
-                    grant
-                };
-                grant.execute(&mut *c).await?;
+                crate::backend::sql::grant_row(
+                    (GRANT, GRANT_ANON),
+                    self.holders,
+                    req,
+                    token,
+                    ms(req.lease) as f64,
+                )
+                .execute(&mut *c)
+                .await?;
                 if let Some(t) = mine {
                     sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
                     // The next fair waiter may go too (readers in a row).

@@ -154,8 +154,8 @@ impl PgBackend {
                     tracing::warn!(
                         server = %label,
                         error = %e,
-                        "cannot create the function fenced_try_grant2: every acquire takes \
-                         the full transaction"
+                        "{}",
+                        crate::backend::sql::NO_GRANT_FUNCTION
                     );
                     let _ = savepoint.rollback().await;
                     false
