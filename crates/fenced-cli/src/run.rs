@@ -191,56 +191,87 @@ fn shown_command(cmd: &[String]) -> String {
     shell_words(&masked(cmd))
 }
 
-/// `words` with the values of what looks like a secret as `***`.
+/// `words` with the values of what looks like a secret as `***`: the word
+/// after a flag whose name says so (`--password X`), the value of
+/// `NAME=value` and `--name=value` (`PGPASSWORD=x`, `--api-key=x`), of a
+/// header (`Authorization: Bearer x`), of `-u user:password`, a URL's
+/// password and its query values that say so (`?access_token=x`), and
+/// mysql's `-pPASSWORD`.
 fn masked(words: &[String]) -> Vec<String> {
-    const SECRET: [&str; 5] = ["pass", "secret", "token", "key", "auth"];
-    let secret = |flag: &str| {
-        let f = flag.trim_start_matches('-').to_ascii_lowercase();
-        flag.starts_with('-') && SECRET.iter().any(|s| f.contains(s))
-    };
+    let mysql = words.first().is_some_and(|w| {
+        let program = w.rsplit('/').next().unwrap_or(w);
+        program.starts_with("mysql") || program.starts_with("mariadb")
+    });
     let mut shown = Vec::with_capacity(words.len());
     let mut hide_next = false;
+    let mut user_next = false;
     for arg in words {
         let word = if std::mem::take(&mut hide_next) {
             "***".to_owned()
-        } else if arg.len() > 2 && arg.starts_with("-p") && !arg.starts_with("--") {
-            // mysql's -pPASSWORD
-            "-p***".to_owned()
-        } else if let Some((flag, _)) = arg.split_once('=').filter(|(f, _)| secret(f)) {
-            format!("{flag}=***")
-        } else if secret(arg) {
-            hide_next = true;
-            arg.clone()
+        } else if std::mem::take(&mut user_next) {
+            match arg.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => arg.clone(),
+            }
+        } else if let Some((name, _)) = arg.split_once(": ").filter(|(n, _)| says_secret(n)) {
+            format!("{name}: ***")
         } else if arg.contains(char::is_whitespace) {
             let inner: Vec<String> = arg.split_whitespace().map(str::to_owned).collect();
             masked(&inner).join(" ")
+        } else if mysql && arg.len() > 2 && arg.starts_with("-p") && !arg.starts_with("--") {
+            "-p***".to_owned()
+        } else if let Some((name, _)) = arg
+            .split_once('=')
+            .filter(|(n, _)| !n.contains("://") && says_secret(n))
+        {
+            format!("{name}=***")
+        } else if arg.starts_with('-') && !arg.contains('=') && says_secret(arg) {
+            hide_next = true;
+            arg.clone()
+        } else if arg == "-u" || arg == "--user" {
+            user_next = true;
+            arg.clone()
         } else {
-            hide_url_password(arg)
+            hide_url_secrets(arg)
         };
         shown.push(word);
     }
     shown
 }
 
-/// `scheme://user:password@host…` with the password as `***`.
-fn hide_url_password(arg: &str) -> String {
+/// Whether a flag, variable or header name says its value is a secret.
+fn says_secret(name: &str) -> bool {
+    const SECRET: [&str; 6] = ["pass", "secret", "token", "key", "auth", "credential"];
+    let n = name.trim_start_matches('-').to_ascii_lowercase();
+    SECRET.iter().any(|s| n.contains(s))
+}
+
+/// A URL with its password, and the query values whose keys say so, as
+/// `***`.
+fn hide_url_secrets(arg: &str) -> String {
     let Some(scheme_end) = arg.find("://") else {
         return arg.to_owned();
     };
-    let rest = &arg[scheme_end + 3..];
+    let (head, rest) = arg.split_at(scheme_end + 3);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    match authority
+    let rest = match authority
         .rfind('@')
         .and_then(|at| authority[..at].find(':').map(|c| (c, at)))
     {
-        Some((colon, at)) => format!(
-            "{}{}:***{}",
-            &arg[..scheme_end + 3],
-            &rest[..colon],
-            &rest[at..]
-        ),
-        None => arg.to_owned(),
-    }
+        Some((colon, at)) => format!("{}:***{}", &rest[..colon], &rest[at..]),
+        None => rest.to_owned(),
+    };
+    let Some((path, query)) = rest.split_once('?') else {
+        return format!("{head}{rest}");
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if says_secret(k) => format!("{k}=***"),
+            _ => kv.to_owned(),
+        })
+        .collect();
+    format!("{head}{path}?{}", query.join("&"))
 }
 
 /// Words joined as a shell would read them back: one with a space, a
@@ -283,10 +314,10 @@ mod tests {
                 "--password",
                 "s3cr3t",
                 "--api-key=abc",
-                "-psecret",
+                "-pXyz",
                 "-v"
             ]),
-            "dump --password *** --api-key=*** -p*** -v"
+            "dump --password *** --api-key=*** -pXyz -v"
         );
         assert_eq!(
             shown(&["psql", "postgres://app:hunter2@db:5432/x?sslmode=require"]),
@@ -300,5 +331,49 @@ mod tests {
             shown(&["sh", "-c", "pg_dump --password hunter2 db > out"]),
             "sh -c 'pg_dump --password *** db > out'"
         );
+        assert_eq!(
+            shown(&["mysqldump", "-pS3cr3t", "db"]),
+            "mysqldump -p*** db"
+        );
+        assert_eq!(
+            shown(&[
+                "env",
+                "PGPASSWORD=x",
+                "docker",
+                "run",
+                "-e",
+                "API_TOKEN=y",
+                "img"
+            ]),
+            "env PGPASSWORD=*** docker run -e API_TOKEN=*** img"
+        );
+        assert_eq!(
+            shown(&[
+                "curl",
+                "-u",
+                "alice:pw",
+                "-H",
+                "Authorization: Bearer x",
+                "https://h/x?access_token=abc&n=1"
+            ]),
+            "curl -u alice:*** -H 'Authorization: ***' 'https://h/x?access_token=***&n=1'"
+        );
+        assert_eq!(
+            shown(&["x", "--url=https://h/?token=abc", "next"]),
+            "x --url=https://h/?token=*** next"
+        );
+        for odd in [
+            "",
+            "=",
+            "-p",
+            ":",
+            "a: ",
+            "file:///x",
+            "user@host",
+            "a:b@c@d",
+            "é=ü",
+        ] {
+            shown(&["x", odd]);
+        }
     }
 }

@@ -20,6 +20,14 @@ pub const MAX_COMMAND_LEN: usize = 200;
 /// The longest host name a record keeps, in bytes (a DNS name's limit).
 const MAX_HOST_LEN: usize = 253;
 
+/// On etcd and ZooKeeper, whose waiters write their key or node (and so
+/// their record) when they queue: a waiter granted this long after gets
+/// its record written again, with the grant's time; one granted sooner
+/// keeps the one it queued with, off by less than this, and spares the
+/// engine a write through consensus on every quick hand-over.
+#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
+pub(crate) const RESTAMP_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Who holds a lock, as its hold recorded it (see [`HolderInfo::holder`](crate::HolderInfo::holder)).
 ///
 /// ```
@@ -129,8 +137,8 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
-/// The file name of the program this process runs (as `ps -o comm`
-/// shows it), lossily UTF-8.
+/// The file name of the program this process was started as (its first
+/// argument's), lossily UTF-8.
 fn program_name() -> String {
     std::env::args_os()
         .next()

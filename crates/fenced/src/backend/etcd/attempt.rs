@@ -48,6 +48,7 @@ impl EtcdShared {
             rev: AtomicI64::new(0),
             deadline: Mutex::new(None),
             watcher: Mutex::new(None),
+            born: Instant::now(),
         });
         keys.insert(req.hold_id.clone(), own.clone());
         own
@@ -159,7 +160,7 @@ impl EtcdShared {
                     w.abort();
                 }
                 unpoisoned(&own.deadline).get_or_insert(Instant::now() + req.lease);
-                if !created {
+                if !created && own.born.elapsed() >= crate::holder::RESTAMP_AFTER {
                     self.stamp_grant(&own, rev, req);
                 }
                 Ok(Outcome::Granted {

@@ -136,6 +136,9 @@ struct OwnKey {
     deadline: Mutex<Option<Instant>>,
     /// The watch that wakes this waiter.
     watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// When its first attempt went out: about when its value (the holder
+    /// record) was written.
+    born: Instant,
 }
 
 impl Drop for OwnKey {

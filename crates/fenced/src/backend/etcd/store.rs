@@ -57,15 +57,12 @@ impl ElectionLayout for EtcdBackend {
             // No limit: a nested lock's keys may come first, and are not this one's.
             let kvs = self.inner.queue_of(name).await?;
             // Until the leader proclaims, its key holds its holder record
-            // (see `value_of`): no value yet, as before the record.
-            Ok(kvs.first().map(|kv| {
+            // (see `value_of`): no leader value yet, as `Election::leader`
+            // says and the register-based backends answer.
+            Ok(kvs.first().and_then(|kv| {
                 let v = kv.value();
-                let v = if v.first() == Some(&b'\n') && holder_of(v).is_some() {
-                    Vec::new()
-                } else {
-                    v.to_vec()
-                };
-                (v, kv.create_revision() as u64)
+                let unproclaimed = v.first() == Some(&b'\n') && holder_of(v).is_some();
+                (!unproclaimed).then(|| (v.to_vec(), kv.create_revision() as u64))
             }))
         })
     }

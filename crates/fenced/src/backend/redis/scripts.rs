@@ -100,6 +100,8 @@ local function load()
       -- foreign client's.
       if string.sub(raw[i + 1], 1, 8) == 'fenced1 ' then
         redis.call('HDEL', lock, f)
+        -- Older clients took it for a holder: wake them.
+        changed = true
       else
         table.insert(owners, f)
       end

@@ -52,7 +52,7 @@ impl ZkShared {
                 }
                 self.mark_earlier_holds(&own, token);
                 unpoisoned(&own.deadline).get_or_insert(Instant::now() + req.lease);
-                if queued_before {
+                if queued_before && own.born.elapsed() >= crate::holder::RESTAMP_AFTER {
                     // The node's data was written when it queued: the
                     // holder record gets the grant's time, in the
                     // background, and only over the data it was created
@@ -80,9 +80,21 @@ impl ZkShared {
                 let task = match w {
                     Wait::Key(k) => {
                         let path = format!("{dir}/{}", String::from_utf8_lossy(&k));
+                        let z2 = z.clone();
                         match z.get_and_watch_data(&path).await {
                             Ok((_, _, watcher)) => tokio::spawn(async move {
-                                watcher.changed().await;
+                                let mut watcher = watcher;
+                                // The predecessor's data changing (its
+                                // holder record rewritten at its grant) is
+                                // no news for us: watch on, unwoken.
+                                while watcher.changed().await.event_type
+                                    == zk::EventType::NodeDataChanged
+                                {
+                                    match z2.get_and_watch_data(&path).await {
+                                        Ok((_, _, w)) => watcher = w,
+                                        Err(_) => break,
+                                    }
+                                }
                                 wakeups.wake_ticket(name.as_str(), token);
                             }),
                             // Gone already: look again at once.

@@ -144,6 +144,9 @@ struct OwnNode {
     /// write): its token is higher, so this release must not overwrite
     /// the last-token record blindly.
     later_sibling: AtomicBool,
+    /// When its first attempt went out: about when its node's data (the
+    /// holder record) was written.
+    born: Instant,
 }
 
 impl Drop for OwnNode {

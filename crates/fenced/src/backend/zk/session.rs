@@ -177,6 +177,7 @@ impl ZkShared {
             watcher: Mutex::new(None),
             create_sent: AtomicBool::new(false),
             later_sibling: AtomicBool::new(false),
+            born: Instant::now(),
         });
         nodes.insert(req.hold_id.clone(), own.clone());
         own

@@ -383,6 +383,9 @@ async fn has_holder_column(c: &mut sqlx::PgConnection, label: &str) -> Result<bo
         }
         Err(e) => {
             let _ = savepoint.rollback().await;
+            if has(&mut *c).await.unwrap_or(false) {
+                return Ok(true);
+            }
             // A lock wait that timed out (the table busy) is tried again
             // by the next client to open; missing rights, by nobody.
             tracing::warn!(
@@ -392,7 +395,7 @@ async fn has_holder_column(c: &mut sqlx::PgConnection, label: &str) -> Result<bo
                  host, process and command, and every acquire takes the full transaction \
                  (ALTER TABLE fenced_holds ADD COLUMN holder TEXT)"
             );
-            has(&mut *c).await
+            Ok(false)
         }
     }
 }
