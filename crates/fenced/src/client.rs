@@ -224,6 +224,16 @@ impl Client {
         ))
     }
 
+    /// A shared 64-bit counter (see [`Counter`](crate::Counter)).
+    pub fn counter(&self, name: &str) -> Result<crate::Counter> {
+        crate::Counter::new(self, name)
+    }
+
+    /// Unique, increasing IDs (see [`Sequence`](crate::Sequence)).
+    pub fn sequence(&self, name: &str) -> Result<crate::Sequence> {
+        crate::Sequence::new(self, name)
+    }
+
     /// A leader election on `name` (see [`Election`](crate::Election)).
     pub fn election(&self, name: &str) -> Result<crate::Election> {
         crate::Election::new(self, name)

@@ -97,6 +97,7 @@ mod backend;
 pub mod blocking;
 mod client;
 pub(crate) mod core;
+mod counter;
 mod doctor;
 mod election;
 mod error;
@@ -165,6 +166,7 @@ pub use crate::backend::table::{BackendInfo, Capabilities, backend_for_scheme, b
 pub use crate::client::{BACKEND_ENV, Client, LIST_CONCURRENCY, LIST_TIMEOUT, LockEntry};
 pub use crate::core::hold::LostReason;
 pub use crate::core::retry::{MAX_RETRY_PAUSE, MIN_RETRY_PAUSE, RetryPolicy};
+pub use crate::counter::{Counter, Sequence};
 pub use crate::doctor::{Check, Verdict};
 pub use crate::election::{Election, Leader, Leadership};
 pub use crate::error::{Error, ErrorKind, Result};

@@ -278,16 +278,19 @@ async fn nested_names_are_separate_locks() {
     let st = client.status(&parent).await.unwrap();
     assert_eq!(st.holders.len(), 1, "{st:?}");
     assert_eq!(st.holders[0].token, p.fencing_token());
-    assert!(
-        client
-            .election(&parent)
-            .unwrap()
-            .leader()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    // Held, not proclaimed: no leader value (the child's key is not
+    // taken for one either).
+    let election = client.election(&parent).unwrap();
+    assert_eq!(election.leader().await.unwrap(), None);
     assert!(p.release().await.unwrap());
+    // A leader of `a` while `a/b` is held is the one leader it sees.
+    let l = election.campaign(b"me").await.unwrap();
+    let seen = election.leader().await.unwrap().expect("a leader");
+    assert_eq!(
+        (seen.value.as_slice(), seen.token),
+        (&b"me"[..], l.guard().fencing_token())
+    );
+    drop(l);
     assert!(g.release().await.unwrap());
     for reserved in ["fenced.token", "fenced.register/x", "fenced.anything"] {
         let e = client
