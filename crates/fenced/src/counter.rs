@@ -20,18 +20,30 @@ const OPTIMISTIC_TRIES: u32 = 3;
 /// them takes the lock after a few losses.
 const MAX_CONFLICTS: u32 = 100;
 
+/// How long a change waits for the counter's lock by default (see
+/// [`Counter::wait_timeout`]).
+pub const COUNTER_WAIT: Duration = Duration::from_secs(30);
+
+/// What the counter's lock adds to its name.
+const LOCK_SUFFIX: &str = ":counter";
+
 /// A shared 64-bit counter.
 ///
 /// Stored as the decimal text of the value in the register named like the
-/// counter (so a [`VersionedValue`] or [`FencedRegister`](crate::FencedRegister)
-/// of that name reads it), 0 until first changed. Every change is a
-/// compare-and-set of that register; when writers keep colliding, a
-/// change waits for the mutex named `<name>:counter` and tries again
-/// holding it, so many writers take turns rather than race for ever.
+/// counter, 0 until first changed: a [`VersionedValue`] or
+/// [`FencedRegister`](crate::FencedRegister) of that name reads it, but
+/// only a counter or a versioned value may write it (a fenced register's
+/// writes do not move the version every change is checked against).
+/// Every change is a compare-and-set of that register; when writers keep
+/// colliding, a change waits (up to [`wait_timeout`](Self::wait_timeout))
+/// for the mutex named `<name>:counter` and tries again holding it, so
+/// many writers take turns rather than race for ever.
 ///
-/// A change whose reply was lost (an error of kind
-/// [`Unavailable`](ErrorKind::Unavailable) or [`TimedOut`](ErrorKind::TimedOut))
-/// may have been made: as with Redis's `INCR`, only a read tells.
+/// A change whose call failed on the way (an [`Unavailable`](ErrorKind::Unavailable)
+/// error, or a future dropped while its write was out) may have been
+/// made: as with Redis's `INCR`, only a read tells. A change refused
+/// (`InvalidInput`) or given up on (`TimedOut`: the lock not had in time,
+/// or other writers winning every race) was not made.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -48,14 +60,34 @@ const MAX_CONFLICTS: u32 = 100;
 pub struct Counter {
     value: VersionedValue,
     lock: Mutex,
+    wait: Duration,
 }
 
 impl Counter {
     pub(crate) fn new(client: &Client, name: &str) -> Result<Counter> {
+        let value = client.versioned(name)?;
+        if name.len() + LOCK_SUFFIX.len() > crate::MAX_NAME_LEN {
+            return Err(Error::invalid(format!(
+                "counter name is {} bytes long; counters take at most {} (their lock's \
+                 name adds {LOCK_SUFFIX:?})",
+                name.len(),
+                crate::MAX_NAME_LEN - LOCK_SUFFIX.len()
+            )));
+        }
         Ok(Counter {
-            value: client.versioned(name)?,
-            lock: client.mutex(&format!("{name}:counter"))?,
+            value,
+            lock: client.mutex(&format!("{name}{LOCK_SUFFIX}"))?,
+            wait: COUNTER_WAIT,
         })
+    }
+
+    /// How long a change waits for the counter's lock when writers keep
+    /// colliding ([`COUNTER_WAIT`] by default), before it gives up with
+    /// [`TimedOut`](ErrorKind::TimedOut), unmade.
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
+    pub fn wait_timeout(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
     }
 
     /// The counter's name.
@@ -106,7 +138,7 @@ impl Counter {
 
     /// Sets `new` if the value is `expected`; whether it did.
     pub async fn compare_and_set(&self, expected: i64, new: i64) -> Result<bool> {
-        for _ in 0..=MAX_CONFLICTS {
+        for lost in 0..MAX_CONFLICTS {
             let (n, version) = self.read().await?;
             if n != expected {
                 return Ok(false);
@@ -115,6 +147,7 @@ impl Counter {
                 return Ok(true);
             }
             // Another writer changed it: it may be `expected` again.
+            pause(lost).await;
         }
         Err(self.too_contended())
     }
@@ -126,7 +159,7 @@ impl Counter {
         };
         let n = std::str::from_utf8(&v.value)
             .ok()
-            .and_then(|s| s.parse().ok())
+            .and_then(|s| s.trim().parse().ok())
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "counter {:?} holds {:?}, not an integer: the name is used by \
@@ -151,20 +184,29 @@ impl Counter {
 
     /// Applies `f` by compare-and-set, optimistically a few times, then
     /// holding the counter's lock.
-    async fn change(&self, f: impl Fn(i64) -> Result<i64>) -> Result<i64> {
+    pub(crate) async fn change(&self, f: impl Fn(i64) -> Result<i64>) -> Result<i64> {
         for lost in 0..OPTIMISTIC_TRIES {
             if let Some(v) = self.try_change(&f).await? {
                 return Ok(v);
             }
-            // Spread the losers out: up to 1, 2, 4 ms.
-            let cap = 1000u64 << lost;
-            tokio::time::sleep(Duration::from_micros(fastrand::u64(0..cap))).await;
+            pause(lost).await;
         }
-        let guard = self.lock.acquire().await?;
+        let Some(guard) = self.lock.acquire_timeout(self.wait).await? else {
+            return Err(Error::new(
+                ErrorKind::TimedOut,
+                format!(
+                    "counter {:?}: writers kept colliding, and its lock ({:?}) was not had \
+                     within {:?}; nothing was changed",
+                    self.name(),
+                    self.lock.name(),
+                    self.wait
+                ),
+            ));
+        };
         let mut outcome = Err(self.too_contended());
-        for _ in 0..MAX_CONFLICTS {
+        for lost in 0..MAX_CONFLICTS {
             match self.try_change(&f).await {
-                Ok(None) => continue,
+                Ok(None) => pause(lost).await,
                 Ok(Some(v)) => {
                     outcome = Ok(v);
                     break;
@@ -184,18 +226,28 @@ impl Counter {
         Error::new(
             ErrorKind::TimedOut,
             format!(
-                "counter {:?}: other writers won {MAX_CONFLICTS} races in a row",
+                "counter {:?}: other writers won {MAX_CONFLICTS} races in a row; nothing \
+                 was changed",
                 self.name()
             ),
         )
     }
 }
 
+/// A short random pause after the `lost`-th lost race, to spread the
+/// losers out: up to 1, 2, 4 ms, then 8.
+async fn pause(lost: u32) {
+    let cap = 1000u64 << lost.min(3);
+    tokio::time::sleep(Duration::from_micros(fastrand::u64(0..cap))).await;
+}
+
 /// Unique, increasing 64-bit IDs across processes and clients (Redisson's
 /// `RIdGenerator`), from a [`Counter`]: the first is 1, and an ID once
 /// handed out is never handed out again, also after a restart of a server
-/// that keeps its data. IDs are not gap-free: a block taken and not used,
-/// or a change whose reply was lost, leaves a gap.
+/// that keeps its data, as long as nothing but sequences changes that
+/// counter (a `set` or `compare_and_set` back would reissue IDs). IDs are
+/// not gap-free: a block taken and not used, or a change whose reply was
+/// lost, leaves a gap.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -241,14 +293,54 @@ impl Sequence {
                 self.name()
             )));
         }
-        let last = self.counter.add(i64::from(n)).await?;
-        let first = last - i64::from(n) + 1;
-        if first < 1 {
-            return Err(Error::invalid(format!(
-                "sequence {:?}: its counter was set to a negative value; IDs start at 1",
-                self.name()
-            )));
+        let n = i64::from(n);
+        let last = self
+            .counter
+            .change(|c| {
+                if c < 0 {
+                    return Err(Error::invalid(format!(
+                        "sequence {:?}: its counter was set to {c}; IDs start at 1",
+                        self.name()
+                    )));
+                }
+                c.checked_add(n).ok_or_else(|| {
+                    Error::invalid(format!("sequence {:?}: no IDs left", self.name()))
+                })
+            })
+            .await?;
+        // `last - n` is the value before, at least 0.
+        Ok((last - n + 1) as u64..last as u64 + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Many tasks at once go past their optimistic tries and take turns
+    /// on the counter's lock: every increment lands, each seeing a value
+    /// of its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn colliding_writers_take_turns_and_lose_nothing() {
+        const TASKS: usize = 50;
+        const ADDS: usize = 5;
+        let ns = format!("memory://counter-{}", uuid::Uuid::new_v4().simple());
+        let client = crate::Client::connect(&ns).await.unwrap();
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let c = client.counter("hot").unwrap();
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    for _ in 0..ADDS {
+                        seen.push(c.increment().await.unwrap());
+                    }
+                    seen
+                })
+            })
+            .collect();
+        let mut seen = Vec::new();
+        for t in tasks {
+            seen.extend(t.await.unwrap());
         }
-        Ok(first as u64..last as u64 + 1)
+        seen.sort_unstable();
+        assert_eq!(seen, (1..=(TASKS * ADDS) as i64).collect::<Vec<_>>());
     }
 }

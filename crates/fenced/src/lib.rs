@@ -166,7 +166,7 @@ pub use crate::backend::table::{BackendInfo, Capabilities, backend_for_scheme, b
 pub use crate::client::{BACKEND_ENV, Client, LIST_CONCURRENCY, LIST_TIMEOUT, LockEntry};
 pub use crate::core::hold::LostReason;
 pub use crate::core::retry::{MAX_RETRY_PAUSE, MIN_RETRY_PAUSE, RetryPolicy};
-pub use crate::counter::{Counter, Sequence};
+pub use crate::counter::{COUNTER_WAIT, Counter, Sequence};
 pub use crate::doctor::{Check, Verdict};
 pub use crate::election::{Election, Leader, Leadership};
 pub use crate::error::{Error, ErrorKind, Result};

@@ -468,6 +468,16 @@ pub async fn counters_and_sequences_count_every_change(fx: &Fixture) {
     assert!(all[0] >= 1);
     let e = a.sequence(&ids).unwrap().next_block(0).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    // A sequence whose counter was set below 0 refuses, writing nothing.
+    let neg = unique("ids");
+    a.counter(&neg).unwrap().set(-5).await.unwrap();
+    let e = a.sequence(&neg).unwrap().next().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert_eq!(a.counter(&neg).unwrap().get().await.unwrap(), -5);
+    // A name too long for the counter's lock is refused when made.
+    let long = "c".repeat(fenced::MAX_NAME_LEN - 2);
+    let e = a.counter(&long).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
     // A name that holds another kind of value is refused, not misread.
     let text = unique("count");
     assert!(
