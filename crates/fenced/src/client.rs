@@ -234,6 +234,17 @@ impl Client {
         crate::Sequence::new(self, name)
     }
 
+    /// A barrier that holds waiters back while set (see
+    /// [`Barrier`](crate::Barrier)).
+    pub fn barrier(&self, name: &str) -> Result<crate::Barrier> {
+        crate::Barrier::new(self, name)
+    }
+
+    /// A count-down latch (see [`CountDownLatch`](crate::CountDownLatch)).
+    pub fn latch(&self, name: &str) -> Result<crate::CountDownLatch> {
+        crate::CountDownLatch::new(self, name)
+    }
+
     /// A leader election on `name` (see [`Election`](crate::Election)).
     pub fn election(&self, name: &str) -> Result<crate::Election> {
         crate::Election::new(self, name)

@@ -152,23 +152,37 @@ impl Counter {
         Err(self.too_contended())
     }
 
+    /// A watch on the counter from its value now: each
+    /// [`changed`](CounterWatch::changed) waits for the next change,
+    /// woken by the engine (Redis pub/sub, PostgreSQL `NOTIFY`, an etcd or
+    /// ZooKeeper watch, a datagram or doorbell from the writer), as
+    /// Curator's `SharedCount` listener is.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let client = fenced::Client::connect("memory://counter-watch-doc").await?;
+    /// let stock = client.counter("stock:42")?;
+    /// let mut watch = stock.watch().await?;
+    /// assert_eq!(watch.value(), 0);
+    /// stock.add(5).await?;
+    /// assert_eq!(watch.changed().await?, 5);
+    /// # Ok::<_, fenced::Error>(()) }).unwrap();
+    /// ```
+    pub async fn watch(&self) -> Result<CounterWatch> {
+        let (last, version) = self.read().await?;
+        Ok(CounterWatch {
+            value: self.value.clone(),
+            last,
+            version,
+        })
+    }
+
     /// The value and the register's version.
     async fn read(&self) -> Result<(i64, u64)> {
-        let Some(v) = self.value.read().await? else {
-            return Ok((0, 0));
-        };
-        let n = std::str::from_utf8(&v.value)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "counter {:?} holds {:?}, not an integer: the name is used by \
-                     another kind of value",
-                    self.name(),
-                    String::from_utf8_lossy(&v.value)
-                ))
-            })?;
-        Ok((n, v.version))
+        parse(
+            self.name(),
+            self.value.read().await?.map(|v| (v.value, v.version)),
+        )
     }
 
     /// One compare-and-set of `f(value)`; `None` when another writer won.
@@ -231,6 +245,64 @@ impl Counter {
                 self.name()
             ),
         )
+    }
+}
+
+/// The counter's value and version in what its register holds.
+fn parse(name: &str, raw: Option<(Vec<u8>, u64)>) -> Result<(i64, u64)> {
+    let Some((value, version)) = raw else {
+        return Ok((0, 0));
+    };
+    let n = std::str::from_utf8(&value)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "counter {name:?} holds {:?}, not an integer: the name is used by \
+                 another kind of value",
+                String::from_utf8_lossy(&value)
+            ))
+        })?;
+    Ok((n, version))
+}
+
+/// The changes of a [`Counter`], from [`Counter::watch`]: like a
+/// `tokio::sync::watch` receiver, it sees the latest value, so changes
+/// that come faster than it is asked may be seen as one.
+#[derive(Debug)]
+pub struct CounterWatch {
+    value: VersionedValue,
+    last: i64,
+    version: u64,
+}
+
+impl CounterWatch {
+    /// The value last seen.
+    pub fn value(&self) -> i64 {
+        self.last
+    }
+
+    /// Waits until the counter has changed since last seen; the value
+    /// then. Cancel safe: dropped, it loses no change (the next call sees
+    /// it). Waits for ever where nothing changes: bound it with
+    /// `tokio::time::timeout` where that matters.
+    pub async fn changed(&mut self) -> Result<i64> {
+        let seen = self.version;
+        let name = self.value.name().to_owned();
+        let got = self
+            .value
+            .client()
+            .inner
+            .wait_register(self.value.lock_name(), None, |raw| {
+                let (n, version) = parse(&name, raw)?;
+                Ok((version != seen).then_some((n, version)))
+            })
+            .await?;
+        let (n, version) =
+            got.ok_or_else(|| Error::protocol("a wait without a deadline ended without a value"))?;
+        self.last = n;
+        self.version = version;
+        Ok(n)
     }
 }
 

@@ -94,6 +94,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+mod barrier;
 pub mod blocking;
 mod client;
 pub(crate) mod core;
@@ -163,10 +164,11 @@ pub mod metrics {
     }
 }
 pub use crate::backend::table::{BackendInfo, Capabilities, backend_for_scheme, backends};
+pub use crate::barrier::{Barrier, CountDownLatch};
 pub use crate::client::{BACKEND_ENV, Client, LIST_CONCURRENCY, LIST_TIMEOUT, LockEntry};
 pub use crate::core::hold::LostReason;
 pub use crate::core::retry::{MAX_RETRY_PAUSE, MIN_RETRY_PAUSE, RetryPolicy};
-pub use crate::counter::{COUNTER_WAIT, Counter, Sequence};
+pub use crate::counter::{COUNTER_WAIT, Counter, CounterWatch, Sequence};
 pub use crate::doctor::{Check, Verdict};
 pub use crate::election::{Election, Leader, Leadership};
 pub use crate::error::{Error, ErrorKind, Result};

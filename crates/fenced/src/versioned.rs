@@ -60,6 +60,16 @@ impl VersionedValue {
         }
     }
 
+    /// The client it was made by.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The value's name, checked.
+    pub(crate) fn lock_name(&self) -> &LockName {
+        &self.name
+    }
+
     /// The value's name.
     pub fn name(&self) -> &str {
         self.name.as_str()

@@ -67,6 +67,7 @@ pub const TESTS: &[&str] = &[
     "list_shows_what_is_held_or_waited_for",
     "holders_say_who_they_are",
     "counters_and_sequences_count_every_change",
+    "watchers_are_woken_by_writes",
 ];
 
 /// The backends (modules of a test binary made by
@@ -489,6 +490,146 @@ pub async fn counters_and_sequences_count_every_change(fx: &Fixture) {
     );
     let e = a.counter(&text).unwrap().add(1).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+}
+
+/// Waiters on one client go on when another client writes: a counter's
+/// watch sees the change, a barrier's waiters stay while it is set and
+/// all go once it is removed, a latch's waiters stay until its count
+/// reaches zero; bad input is refused with nothing written.
+pub async fn watchers_are_woken_by_writes(fx: &Fixture) {
+    const WAITERS: usize = 3;
+    // Only a guard against a hang: nothing here asserts on time.
+    let hang = Duration::from_secs(60);
+    let (a, b) = fx.two_clients().await;
+
+    let name = unique("watched");
+    let mut watch = b.counter(&name).unwrap().watch().await.unwrap();
+    assert_eq!(watch.value(), 0);
+    // The watch waits first, then another client writes.
+    let waiting = tokio::spawn(async move {
+        let n = watch.changed().await.unwrap();
+        (n, watch)
+    });
+    tokio::task::yield_now().await;
+    a.counter(&name).unwrap().add(3).await.unwrap();
+    let (n, mut watch) = timeout(hang, waiting).await.unwrap().unwrap();
+    assert_eq!(n, 3);
+    // A change made while nobody waited is seen by the next wait.
+    a.counter(&name).unwrap().add(-1).await.unwrap();
+    assert_eq!(timeout(hang, watch.changed()).await.unwrap().unwrap(), 2);
+    assert_eq!(watch.value(), 2);
+
+    let gate = unique("gate");
+    let barrier = a.barrier(&gate).unwrap();
+    assert!(!barrier.is_set().await.unwrap());
+    assert!(
+        b.barrier(&gate)
+            .unwrap()
+            .wait_timeout(Duration::ZERO)
+            .await
+            .unwrap()
+    );
+    barrier.set().await.unwrap();
+    let passed = Arc::new(AtomicUsize::new(0));
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let w = if i % 2 == 0 { &b } else { &a }.barrier(&gate).unwrap();
+            let passed = passed.clone();
+            tokio::spawn(async move {
+                w.wait().await.unwrap();
+                passed.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    assert!(
+        !b.barrier(&gate)
+            .unwrap()
+            .wait_timeout(Duration::from_millis(50))
+            .await
+            .unwrap()
+    );
+    assert!(b.barrier(&gate).unwrap().is_set().await.unwrap());
+    assert_eq!(
+        passed.load(Ordering::SeqCst),
+        0,
+        "a waiter passed a set barrier"
+    );
+    barrier.remove().await.unwrap();
+    for w in waiters {
+        timeout(hang, w).await.unwrap().unwrap();
+    }
+    assert_eq!(passed.load(Ordering::SeqCst), WAITERS);
+
+    let latch_name = unique("latch");
+    let latch = a.latch(&latch_name).unwrap();
+    assert_eq!(latch.count().await.unwrap(), 0);
+    assert!(
+        latch.wait_timeout(Duration::ZERO).await.unwrap(),
+        "never set: open"
+    );
+    assert!(latch.try_set_count(3).await.unwrap());
+    assert!(
+        !b.latch(&latch_name)
+            .unwrap()
+            .try_set_count(2)
+            .await
+            .unwrap(),
+        "set twice"
+    );
+    let opened = Arc::new(AtomicUsize::new(0));
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let l = if i % 2 == 0 { &b } else { &a }.latch(&latch_name).unwrap();
+            let opened = opened.clone();
+            tokio::spawn(async move {
+                l.wait().await.unwrap();
+                opened.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    assert_eq!(latch.count_down().await.unwrap(), 2);
+    assert_eq!(b.latch(&latch_name).unwrap().count_down().await.unwrap(), 1);
+    assert!(!latch.wait_timeout(Duration::from_millis(50)).await.unwrap());
+    assert_eq!(
+        opened.load(Ordering::SeqCst),
+        0,
+        "the latch opened above zero"
+    );
+    assert_eq!(b.latch(&latch_name).unwrap().count_down().await.unwrap(), 0);
+    for w in waiters {
+        timeout(hang, w).await.unwrap().unwrap();
+    }
+    assert_eq!(opened.load(Ordering::SeqCst), WAITERS);
+    assert_eq!(latch.count_down().await.unwrap(), 0, "a count-down at zero");
+    assert!(
+        latch.try_set_count(1).await.unwrap(),
+        "at zero it may be set again"
+    );
+
+    for bad in [0, (1 << 53) + 1] {
+        let e = latch.try_set_count(bad).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    }
+    assert_eq!(
+        latch.count().await.unwrap(),
+        1,
+        "refused sets wrote nothing"
+    );
+    // A name that holds another kind of value is refused, not misread.
+    let e = a.barrier(&name).unwrap().is_set().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    let text = unique("text");
+    let v = a.versioned(&text).unwrap();
+    assert!(v.compare_and_set(0, b"abc").await.unwrap());
+    let e = a.latch(&text).unwrap().count().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    // Refused or left alone, depending on the engine; never changed.
+    let _ = a.latch(&text).unwrap().count_down().await;
+    assert_eq!(
+        v.read().await.unwrap().unwrap().value,
+        b"abc",
+        "nothing written"
+    );
 }
 
 /// A holder whose lease ran out cannot release or affect the new holder.

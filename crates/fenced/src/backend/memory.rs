@@ -15,6 +15,7 @@ use crate::spi::grant::{Held, grantable, next_token, permits_differ};
 use crate::spi::lease::QUEUE_TTL;
 use crate::spi::sync::unpoisoned;
 use crate::spi::wake::Wakeups;
+use crate::spi::wake::register_key;
 use crate::spi::{
     Attempt, Backend, Blocked, Decrement, HoldRef, HolderInfo, LockBackend, LockStatus, Mode,
     Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Ticket, Withdrawal,
@@ -398,6 +399,8 @@ impl Store for MemoryBackend {
                 return Ok(false);
             };
             regs.insert(write.name.clone(), new);
+            drop(regs);
+            self.store.wake(&register_key(write.name.as_str()));
             Ok(true)
         })
     }
@@ -414,8 +417,17 @@ impl Store for MemoryBackend {
             if let Some(after) = after {
                 *entry = after;
             }
+            drop(regs);
+            if written {
+                self.store.wake(&register_key(name.as_str()));
+            }
             Ok(change.result(written))
         })
+    }
+
+    fn watch_register<'a>(&'a self, _name: &'a LockName) -> Reply<'a, ()> {
+        // Every write above wakes every client of the namespace.
+        Box::pin(async { Ok(()) })
     }
 }
 

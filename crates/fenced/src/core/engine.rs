@@ -2,15 +2,18 @@
 //! release worker, and the calls every handle makes through them. The
 //! public `Client` is a handle on one.
 
+use crate::core::acquire::MAX_FALLBACK;
 use crate::core::hold::{Hold, HoldTable};
 use crate::core::retry::RetryPolicy;
 use crate::core::watchdog::Watchdog;
 use crate::core::worker::Job;
 use crate::error::Result;
-use crate::spi::wake::Wakeups;
-use crate::spi::{Backend, HoldRef};
+use crate::name::LockName;
+use crate::spi::wake::{Wake, Wakeups, register_key};
+use crate::spi::{Backend, HoldRef, RegisterValue};
 use std::sync::Arc;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// What a client is made of, shared by its handles, locks and guards.
 pub(crate) struct Engine {
@@ -79,6 +82,43 @@ impl Engine {
             crate::core::acquire::bounded(limit, scheme, op, f(backend))
         })
         .await
+    }
+
+    /// Reads register `name` until `done` takes what it read (`Some`),
+    /// woken by the engine's notification of each write (see
+    /// `Store::watch_register`) and looking again on its own every
+    /// [`MAX_FALLBACK`] in case one was lost; `None` once `until` has
+    /// passed. Cancel safe: a dropped wait leaves only the engine's watch,
+    /// which ends at the next write or once nobody in this client watches.
+    pub(crate) async fn wait_register<T>(
+        &self,
+        name: &LockName,
+        until: Option<Instant>,
+        mut done: impl FnMut(RegisterValue) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        let key = register_key(name.as_str());
+        let mut interest = self.wakeups.interest(&key, Wake::Every);
+        loop {
+            let seen = interest.begin();
+            self.read("watch_register", |b| b.watch_register(name))
+                .await?;
+            let got = self
+                .read("register_read", |b| b.register_read(name))
+                .await?;
+            if let Some(t) = done(got)? {
+                return Ok(Some(t));
+            }
+            let now = Instant::now();
+            if until.is_some_and(|u| u <= now) {
+                return Ok(None);
+            }
+            let look = now + MAX_FALLBACK;
+            let look = until.map_or(look, |u| u.min(look));
+            tokio::select! {
+                () = interest.changed_since(seen) => {}
+                () = tokio::time::sleep_until(look) => {}
+            }
+        }
     }
 
     /// A change (a register write, a force unlock): bounded by the request

@@ -620,6 +620,11 @@ impl Store for SimBackend {
         let name = name.clone();
         self.send(move |w| async move { w.server.register_decrement(&name, by).await })
     }
+
+    fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
+        let name = name.clone();
+        self.send(move |w| async move { w.server.watch_register(&name).await })
+    }
 }
 
 impl Backend for SimBackend {}

@@ -162,6 +162,18 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Atomically subtracts `by` from the register's integer value if the
     /// result stays ≥ 0; the new value, or `None` if it would go negative.
     fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>>;
+
+    /// Arranges that a change of register `name` by any client, made
+    /// after this call returns, wakes
+    /// [`register_key`](crate::spi::wake::register_key)`(name)` in this
+    /// client's [`Wakeups`](crate::spi::wake::Wakeups) at least once. A
+    /// waiter calls it before each read it then waits on, while it has
+    /// an [`Interest`](crate::spi::wake::Interest) in that key; the
+    /// arrangement may end once it has woken, or once nobody in this
+    /// client has that interest. Every successful write and decrement
+    /// notifies the watchers. As with locks, a lost notification costs
+    /// latency, never progress: waiters also look again on their own.
+    fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()>;
 }
 
 /// An engine's own election layout (etcd's `concurrency.Election`): the

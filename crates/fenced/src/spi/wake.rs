@@ -41,6 +41,77 @@ use tokio::time::Instant;
 /// least once a period).
 pub(crate) const UNHEARD: Duration = Duration::from_secs(3 * 2);
 
+/// The key under which a register's watchers wait in [`Wakeups`]: the
+/// name behind a control character, which no lock name has, so that a
+/// lock and a register of one name do not wake each other's waiters.
+pub(crate) fn register_key(name: &str) -> String {
+    format!("\u{1}{name}")
+}
+
+/// The engine watches a client keeps on registers, where the engine's
+/// watch is a request of its own (an etcd watch, a ZooKeeper watch): one
+/// per watched register, shared by every waiter of the client, ended
+/// once it has fired or nobody watches that register any more.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+#[derive(Default)]
+pub(crate) struct RegisterWatches {
+    tasks: Mutex<std::collections::HashMap<String, tokio::task::JoinHandle<()>>>,
+}
+
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+impl RegisterWatches {
+    /// How often a watch that has not fired asks whether anyone still
+    /// watches its register.
+    const IDLE_CHECK: Duration = Duration::from_secs(10);
+
+    /// Whether a watch of `key` is in place and has not fired yet.
+    pub(crate) fn armed(&self, key: &str) -> bool {
+        unpoisoned(&self.tasks)
+            .get(key)
+            .is_some_and(|t| !t.is_finished())
+    }
+
+    /// Keeps the engine's watch `fired` (set up already, resolving when the
+    /// register changes or the watch breaks) until it resolves, then wakes
+    /// `key`'s waiters; or drops it once nobody in this client waits on
+    /// `key`.
+    pub(crate) fn keep(
+        &self,
+        wakeups: &Arc<Wakeups>,
+        key: String,
+        fired: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let wakeups = wakeups.clone();
+        let k = key.clone();
+        let task = tokio::spawn(async move {
+            tokio::pin!(fired);
+            loop {
+                tokio::select! {
+                    () = &mut fired => break,
+                    () = tokio::time::sleep(Self::IDLE_CHECK) => {
+                        if !wakeups.has_interest(&k) {
+                            return;
+                        }
+                    }
+                }
+            }
+            wakeups.wake(&k);
+        });
+        let mut tasks = unpoisoned(&self.tasks);
+        tasks.retain(|_, t| !t.is_finished());
+        tasks.insert(key, task);
+    }
+}
+
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+impl Drop for RegisterWatches {
+    fn drop(&mut self) {
+        for t in unpoisoned(&self.tasks).values() {
+            t.abort();
+        }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Wakeups {
     /// Ordered, so that waking every name goes the same way every time
@@ -261,7 +332,10 @@ impl Wakeups {
     }
 
     /// Whether anyone waits on `name` now.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
+        allow(dead_code)
+    )]
     pub(crate) fn has_interest(&self, name: &str) -> bool {
         let names = unpoisoned(&self.names);
         names.contains_key(name)

@@ -184,6 +184,8 @@ struct EtcdShared {
     /// the name stays out of use while it is watched for (see `haunt`).
     ghosts: Arc<Mutex<HashSet<Vec<u8>>>>,
     next_suffix: AtomicU64,
+    /// The watches on registers (see `Store::watch_register`).
+    register_watches: crate::spi::wake::RegisterWatches,
 }
 
 impl Drop for EtcdBackend {
@@ -267,6 +269,7 @@ impl EtcdBackend {
             keys: Mutex::new(HashMap::new()),
             ghosts: Arc::default(),
             next_suffix: AtomicU64::new(1),
+            register_watches: Default::default(),
         });
         let keeper = tokio::spawn(keep_alive(inner.clone(), granted));
         Ok(Arc::new(EtcdBackend { inner, keeper }))

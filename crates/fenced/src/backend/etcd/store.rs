@@ -1,6 +1,7 @@
 //! Registers, and `concurrency.Election`'s layout.
 
 use super::*;
+use crate::spi::wake::register_key;
 
 impl Store for EtcdBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
@@ -22,6 +23,46 @@ impl Store for EtcdBackend {
                 .register_change(name, |old| change.over(old))
                 .await?;
             Ok(change.result(written))
+        })
+    }
+
+    fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let key = register_key(name.as_str());
+            if inner.register_watches.armed(&key) {
+                return Ok(());
+            }
+            let mut etcd = inner.etcd.clone();
+            let mut stream = etcd
+                .watch(EtcdShared::register_key(name), None)
+                .await
+                .map_err(|e| inner.err(e))?;
+            // Armed once the server says the watch exists: every write
+            // after that has a later revision, and comes to it.
+            match stream.message().await {
+                Ok(Some(m)) if m.created() && !m.canceled() => {}
+                Ok(_) => {
+                    return Err(Error::unavailable(format!(
+                        "etcd at {} did not create a watch on register {:?}",
+                        inner.label,
+                        name.as_str()
+                    )));
+                }
+                Err(e) => return Err(inner.err(e)),
+            }
+            inner
+                .register_watches
+                .keep(&inner.wakeups, key, async move {
+                    // A message with events is a change; an error, the end of
+                    // the stream or a cancel may have lost one: wake all the same.
+                    while let Ok(Some(m)) = stream.message().await {
+                        if m.canceled() || !m.events().is_empty() {
+                            break;
+                        }
+                    }
+                });
+            Ok(())
         })
     }
 }

@@ -88,6 +88,8 @@ struct Keys {
     queue: String,
     qexp: String,
     register: String,
+    /// Where a register's writes are announced to its watchers.
+    register_channel: String,
     channel: String,
     /// The last released hold id (Cluster only).
     released: String,
@@ -103,6 +105,7 @@ impl Keys {
             queue: beside("fenced_queue", n)?,
             qexp: beside("fenced_qexp", n)?,
             register: beside("fenced_register", n)?,
+            register_channel: beside("fenced_register_channel", n)?,
             channel: beside("redisson_lock__channel", n)?,
             released: beside("fenced_released", n)?,
         })

@@ -395,6 +395,10 @@ impl Store for RedLockBackend {
     fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         Box::pin(self.nodes[0].register_decrement_inner(name, by))
     }
+
+    fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
+        Box::pin(self.nodes[0].watch_register_inner(name))
+    }
 }
 
 impl Backend for RedLockBackend {}

@@ -506,7 +506,8 @@ return out
     )
 }
 
-/// Fenced register write. KEYS: register. ARGV: fence (or "" for none), value.
+/// Fenced register write. KEYS: register. ARGV: fence (or "" for none),
+/// value, the register's channel (told of the change).
 /// Fences are compared as decimal strings, not Lua numbers: a double holds
 /// integers exactly only up to 2^53, and a token above it must still be
 /// told from its neighbours.
@@ -520,20 +521,24 @@ else
   redis.call('HSET', KEYS[1], 'v', ARGV[2])
   redis.call('HSETNX', KEYS[1], 'f', '0')
 end
+redis.call('PUBLISH', ARGV[3], '1')
 return 1
 "#;
 
-/// Versioned compare-and-set. KEYS: register. ARGV: expected fence, value.
+/// Versioned compare-and-set. KEYS: register. ARGV: expected fence,
+/// value, the register's channel.
 /// The versions are compared as decimal strings; the caller keeps them
 /// below 2^53, where the increment is exact.
 const REGISTER_SWAP: &str = r#"
 local f = redis.call('HGET', KEYS[1], 'f') or '0'
 if f ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'v', ARGV[2], 'f', string.format('%.0f', tonumber(f) + 1))
+redis.call('PUBLISH', ARGV[3], '1')
 return 1
 "#;
 
-/// Fenced register decrement. KEYS: register. ARGV: by. Returns the new
+/// Fenced register decrement. KEYS: register. ARGV: by, the register's
+/// channel. Returns the new
 /// value, nil if missing or it would go below zero.
 const REGISTER_DECREMENT: &str = r#"
 local v = redis.call('HGET', KEYS[1], 'v')
@@ -545,6 +550,7 @@ end
 local by = tonumber(ARGV[1])
 if n - by < 0 then return nil end
 redis.call('HSET', KEYS[1], 'v', string.format('%.0f', n - by))
+redis.call('PUBLISH', ARGV[2], '1')
 return n - by
 "#;
 

@@ -1,6 +1,7 @@
 //! Registers, and raising a name's token floor.
 
 use super::*;
+use crate::spi::wake::register_key;
 
 impl RedisBackend {
     /// Raises the fencing counter of `name` to at least `token`.
@@ -54,6 +55,7 @@ impl RedisBackend {
                     .key(&k.register)
                     .arg(number)
                     .arg(write.value)
+                    .arg(&k.register_channel)
                     .invoke_async(&mut c)
                     .await
             })
@@ -79,6 +81,7 @@ impl RedisBackend {
                     .register_decrement
                     .key(&k.register)
                     .arg(by)
+                    .arg(&k.register_channel)
                     .invoke_async(&mut c)
                     .await
             })
@@ -95,6 +98,22 @@ impl RedisBackend {
             })
     }
 }
+impl RedisBackend {
+    /// Subscribes to the register's channel (once per client: the
+    /// subscription stays while anyone in this client watches it).
+    pub(super) async fn watch_register_inner(&self, name: &LockName) -> Result<()> {
+        let k = Keys::of(name)?;
+        self.subscriber
+            .ensure(
+                &self.node,
+                &[k.register_channel],
+                &register_key(name.as_str()),
+            )
+            .await
+            .map(drop)
+    }
+}
+
 impl Store for RedisBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         Box::pin(self.register_read_inner(name))
@@ -106,5 +125,9 @@ impl Store for RedisBackend {
 
     fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         Box::pin(self.register_decrement_inner(name, by))
+    }
+
+    fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
+        Box::pin(self.watch_register_inner(name))
     }
 }

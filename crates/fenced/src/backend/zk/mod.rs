@@ -187,6 +187,8 @@ struct ZkShared {
     wakeups: Arc<Wakeups>,
     nodes: Mutex<HashMap<String, Arc<OwnNode>>>,
     sessions: AtomicU64,
+    /// The watches on registers (see `Store::watch_register`).
+    register_watches: crate::spi::wake::RegisterWatches,
 }
 
 fn map_err(label: &str, e: zk::Error) -> Error {
@@ -273,6 +275,7 @@ impl ZkBackend {
             wakeups,
             nodes: Mutex::new(HashMap::new()),
             sessions: AtomicU64::new(1),
+            register_watches: Default::default(),
         };
         let z = inner.client();
         if !chroot.is_empty() && z.check_stat("/").await.map_err(|e| inner.err(e))?.is_none() {

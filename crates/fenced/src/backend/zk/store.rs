@@ -1,6 +1,7 @@
 //! Registers and token records under `/fenced.meta`.
 
 use super::*;
+use crate::spi::wake::register_key;
 
 impl ZkShared {
     /// Keeps the largest released token of `name`.
@@ -86,6 +87,31 @@ impl Store for ZkBackend {
                 .meta_cas(REGISTERS, name, |old| change.over(old))
                 .await?;
             Ok(change.result(written))
+        })
+    }
+
+    fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let key = register_key(name.as_str());
+            if inner.register_watches.armed(&key) {
+                return Ok(());
+            }
+            // An exists watch: it fires when the node is created, changed
+            // or deleted, and when the session ends (a change may then
+            // have gone unseen: the waiters look again all the same).
+            let path = format!("{REGISTERS}/{}", name.as_str());
+            let (_, watcher) = inner
+                .client()
+                .check_and_watch_stat(&path)
+                .await
+                .map_err(|e| inner.err(e))?;
+            inner
+                .register_watches
+                .keep(&inner.wakeups, key, async move {
+                    watcher.changed().await;
+                });
+            Ok(())
         })
     }
 }

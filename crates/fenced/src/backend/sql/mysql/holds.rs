@@ -171,7 +171,7 @@ impl LockBackend for MySqlBackend {
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            if let Some(d) = &self.doorbell {
+            if let Some(d) = &*self.doorbell.lock().await {
                 d.abort();
             }
             self.pool.close().await;

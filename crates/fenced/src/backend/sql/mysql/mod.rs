@@ -70,8 +70,12 @@ pub(crate) struct MySqlBackend {
     wakeups: Arc<Wakeups>,
     /// The connection id of this client's doorbell.
     bell: Arc<AtomicI64>,
-    /// None in advisory mode, whose waiters the server itself wakes.
-    doorbell: Option<tokio::task::JoinHandle<()>>,
+    /// The doorbell's task: from the start in the lease-table mode; in
+    /// advisory mode, whose lock waiters the server itself wakes, only
+    /// once a register is watched.
+    doorbell: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// How the doorbell connects.
+    bell_opts: MySqlConnectOptions,
     /// Whether `fenced_try_grant2` exists (see [`TRY_GRANT_DDL`]).
     fast: AtomicBool,
     /// Whether `fenced_holds` has the `holder` column.
@@ -80,7 +84,7 @@ pub(crate) struct MySqlBackend {
 
 impl Drop for MySqlBackend {
     fn drop(&mut self) {
-        if let Some(d) = &self.doorbell {
+        if let Some(d) = self.doorbell.get_mut() {
             d.abort();
         }
     }
@@ -219,35 +223,43 @@ impl MySqlBackend {
                 );
             }
         }
-        let bell = Arc::new(AtomicI64::new(0));
-        let doorbell = if doorbell {
-            // The doorbell sleeps by design: no slow-statement warnings for it.
-            let bell_opts = sqlx::ConnectOptions::disable_statement_logging(opts);
-            let mut first = MySqlConnection::connect_with(&bell_opts)
-                .await
-                .map_err(|e| db(&label, e))?;
-            let id = doorbell_id(&mut first).await.map_err(|e| db(&label, e))?;
-            bell.store(id, Ordering::Release);
-            Some(tokio::spawn(doorbell_loop(
-                first,
-                bell_opts,
-                bell.clone(),
-                wakeups.clone(),
-            )))
-        } else {
-            None
-        };
-        Ok(MySqlBackend {
+        let me = MySqlBackend {
             pool,
             label,
             identity,
             timeout,
             wakeups,
-            bell,
-            doorbell,
+            bell: Arc::new(AtomicI64::new(0)),
+            doorbell: Default::default(),
+            // The doorbell sleeps by design: no slow-statement warnings for it.
+            bell_opts: sqlx::ConnectOptions::disable_statement_logging(opts),
             fast: fast.into(),
             holders,
-        })
+        };
+        if doorbell {
+            me.start_doorbell().await?;
+        }
+        Ok(me)
+    }
+
+    /// Starts this client's doorbell unless it runs already.
+    pub(super) async fn start_doorbell(&self) -> Result<()> {
+        let mut doorbell = self.doorbell.lock().await;
+        if doorbell.is_some() {
+            return Ok(());
+        }
+        let mut first = MySqlConnection::connect_with(&self.bell_opts)
+            .await
+            .map_err(|e| self.db(e))?;
+        let id = doorbell_id(&mut first).await.map_err(|e| self.db(e))?;
+        self.bell.store(id, Ordering::Release);
+        *doorbell = Some(tokio::spawn(doorbell_loop(
+            first,
+            self.bell_opts.clone(),
+            self.bell.clone(),
+            self.wakeups.clone(),
+        )));
+        Ok(())
     }
 
     pub(crate) fn db(&self, e: sqlx::Error) -> Error {

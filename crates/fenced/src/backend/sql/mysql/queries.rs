@@ -121,6 +121,22 @@ pub(super) const BELLS: &str = "SELECT bell FROM fenced_waiters
 /// What a doorbell holds to show it is one (see the module docs).
 pub(super) const DOORBELL_MARK: &str =
     "SELECT CAST(GET_LOCK(CONCAT('fenced_doorbell:', CONNECTION_ID()), 0) AS SIGNED) AS got";
+/// A register watcher's place (see [`watch_register`](crate::spi::Store::watch_register)):
+/// a waiter row under the register's wake key, one per client, kept alive
+/// by each arming. ?: ttl ms, key, bell.
+pub(super) const REFRESH_WATCHER: &str = "UPDATE fenced_waiters
+    SET expires_ms = CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) + ?
+    WHERE name = ? AND bell = ?";
+/// ?: key, bell, ttl ms.
+pub(super) const INSERT_WATCHER: &str = "INSERT INTO fenced_waiters (name, fair, bell, expires_ms)
+    VALUES (?, 0, ?, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) + ?)";
+/// Drops the lapsed watcher places of register key ?.
+pub(super) const PURGE_WATCHERS: &str = "DELETE FROM fenced_waiters
+    WHERE name = ? AND expires_ms <= CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)";
+/// The doorbells of the clients watching register key ?.
+pub(super) const WATCHER_BELLS: &str = "SELECT DISTINCT bell FROM fenced_waiters
+    WHERE name = ? AND expires_ms > CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)
+    LIMIT 1024";
 pub(super) const FORGET_BELL: &str = "DELETE FROM fenced_waiters WHERE bell = ?";
 pub(super) const RELEASE: &str = "DELETE FROM fenced_holds WHERE hold_id = ?
     RETURNING name, CAST(expires_ms > CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) AS SIGNED) AS live";

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::backend::sql::read_register;
+use crate::spi::wake::register_key;
 
 impl Store for MySqlBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
@@ -10,7 +11,13 @@ impl Store for MySqlBackend {
     }
 
     fn register_write<'a>(&'a self, write: RegisterWrite<'a>) -> Reply<'a, bool> {
-        Box::pin(self.write_register(write))
+        Box::pin(async move {
+            let written = self.write_register(write).await?;
+            if written {
+                self.ring_watchers(write.name).await;
+            }
+            Ok(written)
+        })
     }
 
     fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
@@ -38,7 +45,39 @@ impl Store for MySqlBackend {
                 .await
                 .map_err(|e| self.db(e))?;
             tx.commit().await.map_err(|e| self.db(e))?;
+            self.ring_watchers(name).await;
             Ok(Some(n - by))
+        })
+    }
+
+    fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
+        Box::pin(async move {
+            let key = register_key(name.as_str());
+            self.start_doorbell().await?;
+            let bell = self.bell.load(Ordering::Acquire);
+            let ttl = ms(QUEUE_TTL);
+            let r = sqlx::query(REFRESH_WATCHER)
+                .bind(ttl)
+                .bind(&key)
+                .bind(bell)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            if r.rows_affected() == 0 {
+                sqlx::query(PURGE_WATCHERS)
+                    .bind(&key)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| self.db(e))?;
+                sqlx::query(INSERT_WATCHER)
+                    .bind(&key)
+                    .bind(bell)
+                    .bind(ttl)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| self.db(e))?;
+            }
+            Ok(())
         })
     }
 }
@@ -46,6 +85,39 @@ impl Store for MySqlBackend {
 impl Backend for MySqlBackend {}
 
 impl MySqlBackend {
+    /// Rings the doorbell of every client watching register `name` (this
+    /// one's waiters are woken directly). Best effort: a watcher not rung
+    /// looks again on its own.
+    async fn ring_watchers(&self, name: &LockName) {
+        let key = register_key(name.as_str());
+        self.wakeups.wake(&key);
+        let rows: Vec<(i64,)> = match sqlx::query_as(WATCHER_BELLS)
+            .bind(&key)
+            .fetch_all(&self.pool)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not list register watchers; they will look again on their own");
+                return;
+            }
+        };
+        let mine = self.bell.load(Ordering::Acquire);
+        for (bell,) in rows.into_iter().filter(|(b,)| *b != mine) {
+            let rung = bell > 0
+                && sqlx::query(sqlx::AssertSqlSafe(format!("KILL QUERY {bell}")))
+                    .execute(&self.pool)
+                    .await
+                    .is_ok();
+            if !rung {
+                let _ = sqlx::query(FORGET_BELL)
+                    .bind(bell)
+                    .execute(&self.pool)
+                    .await;
+            }
+        }
+    }
+
     async fn write_register(&self, write: RegisterWrite<'_>) -> Result<bool> {
         match write.rule {
             WriteRule::Version(v) => self.swap_register(write, v).await,

@@ -160,6 +160,10 @@ impl Store for MySqlAdvisory {
     fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         self.shared.table.register_decrement(name, by)
     }
+
+    fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
+        self.shared.table.watch_register(name)
+    }
 }
 
 impl Backend for MySqlAdvisory {}

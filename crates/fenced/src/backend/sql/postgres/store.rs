@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::backend::sql::read_register;
+use crate::spi::wake::register_key;
 
 impl Store for PgBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
@@ -17,7 +18,11 @@ impl Store for PgBackend {
                 query = query.bind(n);
             }
             let r = query.execute(&self.pool).await.map_err(|e| self.db(e))?;
-            Ok(r.rows_affected() == 1)
+            let written = r.rows_affected() == 1;
+            if written {
+                self.wake_waiters(&register_key(write.name.as_str())).await;
+            }
+            Ok(written)
         })
     }
 
@@ -29,10 +34,20 @@ impl Store for PgBackend {
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(|e| self.db(e))?;
-            row.map(|r| r.try_get::<i64, _>("value"))
+            let after = row
+                .map(|r| r.try_get::<i64, _>("value"))
                 .transpose()
-                .map_err(|e| self.db(e))
+                .map_err(|e| self.db(e))?;
+            if after.is_some() {
+                self.wake_waiters(&register_key(name.as_str())).await;
+            }
+            Ok(after)
         })
+    }
+
+    fn watch_register<'a>(&'a self, _name: &'a LockName) -> Reply<'a, ()> {
+        // The listener hears every NOTIFY on the channel, writes' too.
+        Box::pin(async { Ok(()) })
     }
 }
 

@@ -161,6 +161,10 @@ impl Store for PgAdvisory {
     fn register_decrement<'a>(&'a self, name: &'a LockName, by: i64) -> Reply<'a, Option<i64>> {
         self.table.register_decrement(name, by)
     }
+
+    fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
+        self.table.watch_register(name)
+    }
 }
 
 impl Backend for PgAdvisory {}

@@ -81,6 +81,14 @@ pub(super) const RENEW: &str =
 pub(super) const RELEASE: &str = "DELETE FROM fenced_holds WHERE hold_id = ?1 RETURNING expires_ms";
 pub(super) const WAKE_ADDRS: &str = "SELECT wake_addr FROM fenced_waiters
     WHERE name = ?1 AND expires_ms > ?2 ORDER BY ticket LIMIT 8";
+/// A register watcher's place (see [`watch_register`](crate::spi::Store::watch_register)):
+/// a waiter row under the register's wake key, one per process, kept
+/// alive by each arming.
+pub(super) const REFRESH_WATCHER: &str =
+    "UPDATE fenced_waiters SET expires_ms = ?3 WHERE name = ?1 AND wake_addr = ?2";
+/// The processes watching register key ?1 (?2: now).
+pub(super) const WATCHER_ADDRS: &str = "SELECT DISTINCT wake_addr FROM fenced_waiters
+    WHERE name = ?1 AND expires_ms > ?2 LIMIT 1024";
 pub(super) const FORGET_ADDR: &str = "DELETE FROM fenced_waiters WHERE wake_addr = ?1";
 pub(super) const COUNT_WAITERS: &str =
     "SELECT COUNT(*) FROM fenced_waiters WHERE name = ?1 AND expires_ms > ?2";

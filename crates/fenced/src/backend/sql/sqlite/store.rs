@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::backend::sql::read_register;
+use crate::spi::wake::register_key;
 
 impl Store for SqliteBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
@@ -16,7 +17,11 @@ impl Store for SqliteBackend {
                 query = query.bind(n);
             }
             let r = query.execute(&self.pool).await.map_err(db)?;
-            Ok(r.rows_affected() == 1)
+            let written = r.rows_affected() == 1;
+            if written {
+                self.ring_watchers(write.name).await;
+            }
+            Ok(written)
         })
     }
 
@@ -28,8 +33,71 @@ impl Store for SqliteBackend {
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(db)?;
-            scalar(row)
+            let after = scalar(row)?;
+            if after.is_some() {
+                self.ring_watchers(name).await;
+            }
+            Ok(after)
         })
+    }
+
+    fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
+        Box::pin(async move {
+            let key = register_key(name.as_str());
+            let now = now_ms();
+            let expires = now + QUEUE_TTL.as_millis() as i64;
+            let addr = self.wake.addr();
+            let r = q(REFRESH_WATCHER)
+                .bind(&key)
+                .bind(addr)
+                .bind(expires)
+                .execute(&self.pool)
+                .await
+                .map_err(db)?;
+            if r.rows_affected() == 0 {
+                q(PURGE_WAITERS)
+                    .bind(&key)
+                    .bind(now)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(db)?;
+                q(INSERT_WAITER)
+                    .bind(&key)
+                    .bind(false)
+                    .bind(addr)
+                    .bind(expires)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(db)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+impl SqliteBackend {
+    /// Tells every process watching register `name` (this one too) that
+    /// it changed. Best effort: a watcher not told looks again on its own.
+    async fn ring_watchers(&self, name: &LockName) {
+        let key = register_key(name.as_str());
+        self.wakeups.wake(&key);
+        let rows: Vec<(String,)> = match sqlx::query_as(WATCHER_ADDRS)
+            .bind(&key)
+            .bind(now_ms())
+            .fetch_all(&self.pool)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not list register watchers; they will look again on their own");
+                return;
+            }
+        };
+        for (addr,) in rows {
+            if addr != self.wake.addr() && !self.wake.send(&addr, &key) {
+                let _ = q(FORGET_ADDR).bind(&addr).execute(&self.pool).await;
+            }
+        }
     }
 }
 
