@@ -8,6 +8,7 @@ use std::time::Duration;
 mod bench;
 mod demo;
 mod doctor;
+mod recipes;
 mod run;
 mod status;
 #[cfg(feature = "top")]
@@ -88,6 +89,23 @@ enum Command {
     /// run` holding it kills its command. Exits 0 when the lock is free
     /// afterwards, 2 when it is held and --force was not given.
     Unlock(status::UnlockArgs),
+    /// Run CMD while this process leads election NAME (as `etcdctl elect`).
+    ///
+    /// Waits to lead, proclaims --value for observers (the library's
+    /// `Election::leader` reads it; on etcd, `etcdctl elect --listen`
+    /// too), runs CMD with FENCED_LOCK and FENCED_TOKEN set, and resigns
+    /// when it exits. Exit codes as `run`'s: 76 if
+    /// leadership was lost and CMD killed.
+    Elect(run::ElectArgs),
+    /// A 64-bit counter shared by every client: get, add, set, watch.
+    Counter(recipes::CounterArgs),
+    /// Unique, increasing IDs across processes: `fenced seq NAME next`.
+    Seq(recipes::SeqArgs),
+    /// A barrier that holds waiters back while set: set, remove, wait,
+    /// status.
+    Barrier(recipes::BarrierArgs),
+    /// A count-down latch: set N, count-down, count, wait.
+    Latch(recipes::LatchArgs),
     /// Check what in the backend's settings weakens the guarantees.
     ///
     /// Redis persistence and eviction, PostgreSQL's synchronous_commit
@@ -293,6 +311,11 @@ fn main() -> ExitCode {
             #[cfg(feature = "top")]
             Command::Top(args) => top::top(backend, args).await,
             Command::Unlock(args) => status::unlock(backend, args).await,
+            Command::Elect(args) => run::elect(backend, args).await,
+            Command::Counter(args) => recipes::counter(backend, args).await,
+            Command::Seq(args) => recipes::seq(backend, args).await,
+            Command::Barrier(args) => recipes::barrier(backend, args).await,
+            Command::Latch(args) => recipes::latch(backend, args).await,
             Command::Doctor(args) => doctor::doctor(backend, args).await,
             Command::Demo(demo) => demo::demo(backend, demo).await,
             Command::DemoWorker(args) => demo::worker(backend, args).await,

@@ -47,6 +47,74 @@ pub(crate) struct RunArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     cmd: Vec<String>,
+    /// What to proclaim as leader of election NAME (`fenced elect`).
+    #[arg(skip)]
+    proclaim: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ElectArgs {
+    /// The election's name.
+    name: String,
+    /// What observers see as the leader's value (an address, say); the
+    /// host name and pid by default.
+    #[arg(long, value_name = "VALUE")]
+    value: Option<String>,
+    /// How long to wait to lead: 0 = do not wait; unset = for ever.
+    #[arg(short = 'w', long, visible_alias = "timeout", value_parser = parse_duration,
+          value_name = "DURATION", allow_hyphen_values = true)]
+    wait: Option<Duration>,
+    /// The lease of the leadership, renewed every third of it while CMD runs.
+    #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION", allow_hyphen_values = true)]
+    lease: Duration,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    cmd: Vec<String>,
+}
+
+/// `fenced elect NAME -- CMD`: `run` on the election's lock, proclaiming
+/// a value once leading.
+pub(crate) async fn elect(backend: Option<String>, args: ElectArgs) -> anyhow::Result<ExitCode> {
+    let value = args
+        .value
+        .unwrap_or_else(|| format!("{}:{}", fenced::Holder::this_host(), std::process::id()));
+    let run = RunArgs {
+        name: args.name,
+        wait: args.wait,
+        nonblock: false,
+        conflict_exit_code: EXIT_NOT_ACQUIRED,
+        shared: false,
+        permits: None,
+        of: None,
+        lease: args.lease,
+        on_lost: OnLost::Kill,
+        fair: false,
+        cmd: args.cmd,
+        proclaim: Some(value),
+    };
+    self::run(backend, run).await
+}
+
+/// What `run` holds while CMD runs: a lock, or an election's leadership.
+enum Held {
+    Lock(fenced::Guard),
+    Leader(fenced::Leadership),
+}
+
+impl Held {
+    fn guard(&self) -> &fenced::Guard {
+        match self {
+            Held::Lock(g) => g,
+            Held::Leader(l) => l.guard(),
+        }
+    }
+
+    async fn release(self) -> fenced::Result<bool> {
+        match self {
+            Held::Lock(g) => g.release().await,
+            Held::Leader(l) => l.resign().await,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -93,12 +161,26 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
     } else {
         args.wait
     };
-    let guard = match wait {
-        None => Some(lock.acquire().await?),
-        Some(d) if d.is_zero() => lock.try_acquire().await?,
-        Some(d) => lock.acquire_timeout(d).await?,
+    let held = match &args.proclaim {
+        None => match wait {
+            None => Some(lock.acquire().await?),
+            Some(d) if d.is_zero() => lock.try_acquire().await?,
+            Some(d) => lock.acquire_timeout(d).await?,
+        }
+        .map(Held::Lock),
+        Some(value) => {
+            let election = client
+                .election(&args.name)?
+                .with_lock(|m| m.lease(args.lease).fair(args.fair));
+            match wait {
+                None => Some(election.campaign(value).await?),
+                Some(d) if d.is_zero() => election.try_campaign(value).await?,
+                Some(d) => election.campaign_timeout(value, d).await?,
+            }
+            .map(Held::Leader)
+        }
     };
-    let Some(guard) = guard else {
+    let Some(held) = held else {
         let wait = wait.map(|d| humantime::format_duration(d).to_string());
         eprintln!(
             "fenced: lock {:?} is held elsewhere; not acquired within {}",
@@ -107,6 +189,7 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
         );
         return Ok(ExitCode::from(args.conflict_exit_code));
     };
+    let guard = held.guard();
     let token = guard.fencing_token();
     let mut cmd = tokio::process::Command::new(&args.cmd[0]);
     cmd.args(&args.cmd[1..])
@@ -119,7 +202,7 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
         Ok(c) => c,
         Err(e) => {
             eprintln!("fenced: cannot run {:?}: {e}", args.cmd[0]);
-            guard.release().await?;
+            held.release().await?;
             return Ok(ExitCode::from(127));
         }
     };
@@ -148,7 +231,7 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
             _ = sighup.recv() => { let _ = killpg(pgid, Signal::SIGHUP); }
         }
     };
-    if let Err(e) = guard.release().await {
+    if let Err(e) = held.release().await {
         eprintln!(
             "fenced: releasing {:?} failed ({e}); its lease will free it",
             args.name

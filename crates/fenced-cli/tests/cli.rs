@@ -443,6 +443,148 @@ fn lost_lock_kills_the_command() {
 
 /// Completion scripts and manual pages come from the same definition as
 /// `--help`: they name every command a user may type.
+/// The recipes from the command line, on the embedded default, by
+/// several processes at once: a counter loses no add, a sequence hands
+/// out no ID twice, and `barrier wait` and `latch wait` processes go on
+/// only once the barrier is removed or the count reaches zero.
+#[test]
+fn recipes_work_across_processes_from_the_command_line() {
+    const PROCS: usize = 4;
+    const ADDS: usize = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let text = |args: &[&str]| {
+        let out = fenced(&url, args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let spawn = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_fenced"))
+            .arg("--backend")
+            .arg(&url)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let script = format!(
+        "for i in $(seq {ADDS}); do \"$0\" --backend \"$1\" counter hits add 1 >/dev/null || exit 1; \
+         \"$0\" --backend \"$1\" seq ids next -n 2 || exit 1; done"
+    );
+    let adders: Vec<_> = (0..PROCS)
+        .map(|_| {
+            Command::new("sh")
+                .args(["-c", &script, env!("CARGO_BIN_EXE_fenced"), &url])
+                .output()
+                .unwrap()
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for out in adders {
+        assert!(out.status.success(), "{out:?}");
+        ids.extend(
+            String::from_utf8(out.stdout)
+                .unwrap()
+                .lines()
+                .map(|l| l.parse::<u64>().unwrap()),
+        );
+    }
+    assert_eq!(
+        text(&["counter", "hits", "get"]).trim(),
+        (PROCS * ADDS).to_string()
+    );
+    let n = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        (n, ids.len()),
+        (PROCS * ADDS * 2, PROCS * ADDS * 2),
+        "no ID twice"
+    );
+    assert_eq!(
+        text(&["counter", "hits", "add", "-3"]).trim(),
+        (PROCS * ADDS - 3).to_string()
+    );
+
+    text(&["barrier", "gate", "set"]);
+    assert_eq!(
+        fenced(&url, &["barrier", "gate", "status"]).status.code(),
+        Some(0)
+    );
+    assert_eq!(
+        fenced(&url, &["barrier", "gate", "wait", "-w", "0"])
+            .status
+            .code(),
+        Some(75)
+    );
+    text(&["latch", "done", "set", "2"]);
+    assert_eq!(
+        fenced(&url, &["latch", "done", "set", "5"]).status.code(),
+        Some(1),
+        "in use"
+    );
+    let mut waiters: Vec<_> = (0..PROCS)
+        .map(|i| {
+            if i % 2 == 0 {
+                spawn(&["barrier", "gate", "wait"])
+            } else {
+                spawn(&["latch", "done", "wait"])
+            }
+        })
+        .collect();
+    assert_eq!(text(&["latch", "done", "count-down"]).trim(), "1");
+    // A wait of our own that runs out gives the waiters time to start.
+    let out = fenced(&url, &["latch", "done", "wait", "-w", "0.3"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    for w in &mut waiters {
+        assert!(
+            w.try_wait().unwrap().is_none(),
+            "a waiter went on too early"
+        );
+    }
+    text(&["barrier", "gate", "remove"]);
+    assert_eq!(text(&["latch", "done", "count-down"]).trim(), "0");
+    for w in waiters {
+        let out = w.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    assert_eq!(
+        fenced(&url, &["barrier", "gate", "status"]).status.code(),
+        Some(1)
+    );
+
+    let out = fenced(
+        &url,
+        &[
+            "elect",
+            "leader",
+            "--value",
+            "me:1",
+            "--",
+            "sh",
+            "-c",
+            "echo $FENCED_TOKEN",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let token: u64 = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(token > 0);
+    for bad in [
+        &["counter", "hits", "add", "x"][..],
+        &["seq", "ids", "next", "-n", "0"],
+        &["latch", "done", "set", "0"],
+        &["barrier", "gate", "wait", "-w", "soon"],
+    ] {
+        let out = fenced(&url, bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+    }
+}
+
 #[test]
 fn completions_and_man_pages_name_every_command() {
     let text = |args: &[&str]| {
@@ -451,7 +593,8 @@ fn completions_and_man_pages_name_every_command() {
         String::from_utf8(out.stdout).unwrap()
     };
     let commands = [
-        "run", "status", "list", "top", "unlock", "doctor", "demo", "bench", "torture",
+        "run", "status", "list", "top", "unlock", "doctor", "demo", "bench", "torture", "elect",
+        "counter", "seq", "barrier", "latch",
     ];
     for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
         let script = text(&["completions", shell]);

@@ -77,6 +77,12 @@ impl Holder {
         })
     }
 
+    /// This host's name as holder records give it: the kernel's, else
+    /// `$HOSTNAME`, else `localhost`.
+    pub fn this_host() -> String {
+        clean(&host_name(), MAX_HOST_LEN, true)
+    }
+
     /// `granted_at` in ms since 1970.
     pub fn granted_at_ms(&self) -> u64 {
         self.granted_at
@@ -102,7 +108,7 @@ impl Default for Whoami {
         let me = Whoami {
             rest: std::sync::RwLock::new("".into()),
             pid: std::process::id(),
-            host: clean(&host_name(), MAX_HOST_LEN, true),
+            host: Holder::this_host(),
         };
         me.set_command(&program_name());
         me

@@ -1,0 +1,238 @@
+//! `fenced counter`, `seq`, `barrier` and `latch`: the coordination
+//! recipes, for scripts.
+
+use crate::{EXIT_NOT_ACQUIRED, connect, parse_duration};
+use clap::{Args, Subcommand};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// The most IDs `fenced seq NAME next -n` prints at once.
+const MAX_IDS: u32 = 1_000_000;
+
+#[derive(Args, Debug)]
+pub(crate) struct CounterArgs {
+    /// The counter's name.
+    name: String,
+    #[command(subcommand)]
+    op: CounterOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum CounterOp {
+    /// Print the value (0 if never changed).
+    Get,
+    /// Add N (negative to subtract) and print the value after it.
+    Add {
+        #[arg(allow_hyphen_values = true, value_name = "N")]
+        delta: i64,
+    },
+    /// Set the value, whatever it was.
+    Set {
+        #[arg(allow_hyphen_values = true, value_name = "N")]
+        value: i64,
+    },
+    /// Print each new value as other clients change it, until killed
+    /// (the first line is the value now).
+    Watch,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SeqArgs {
+    /// The sequence's name.
+    name: String,
+    #[command(subcommand)]
+    op: SeqOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum SeqOp {
+    /// Print the next ID (or the next N, one per line, taken at once).
+    Next {
+        /// How many IDs.
+        #[arg(short = 'n', long, default_value_t = 1, value_name = "N",
+              value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_IDS)))]
+        count: u32,
+    },
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct BarrierArgs {
+    /// The barrier's name.
+    name: String,
+    #[command(subcommand)]
+    op: BarrierOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum BarrierOp {
+    /// Set the barrier: waiters wait from now on.
+    Set,
+    /// Remove the barrier: every waiter goes on.
+    Remove,
+    /// Wait while the barrier is set. Exits 0 once it is not, 75 if it
+    /// still is after --timeout.
+    Wait(WaitArgs),
+    /// Exit 0 if the barrier is set, 1 if not (as `test`).
+    Status,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct LatchArgs {
+    /// The latch's name.
+    name: String,
+    #[command(subcommand)]
+    op: LatchOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum LatchOp {
+    /// Set the count to N if it is zero. Exits 0 if set, 1 if the latch
+    /// is in use (its count above zero).
+    Set {
+        #[arg(value_name = "N")]
+        count: u64,
+    },
+    /// Take one off the count (unless zero) and print the count after.
+    CountDown,
+    /// Print the count.
+    Count,
+    /// Wait until the count is zero. Exits 0 then, 75 if it is not after
+    /// --timeout.
+    Wait(WaitArgs),
+}
+
+#[derive(Args, Debug)]
+struct WaitArgs {
+    /// How long to wait; unset = for ever. A bare number is seconds.
+    #[arg(short = 'w', long, value_parser = parse_duration, value_name = "DURATION",
+          allow_hyphen_values = true)]
+    timeout: Option<Duration>,
+}
+
+/// Runs `f` with a client of the backend, and closes it after, on errors too.
+async fn with_client<F, Fut>(backend: Option<String>, f: F) -> anyhow::Result<ExitCode>
+where
+    F: FnOnce(fenced::Client) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
+    let client = connect(backend.as_deref()).await?;
+    let code = f(client.clone()).await;
+    client.close().await;
+    code
+}
+
+pub(crate) async fn counter(
+    backend: Option<String>,
+    args: CounterArgs,
+) -> anyhow::Result<ExitCode> {
+    with_client(backend, |client| async move {
+        let counter = client.counter(&args.name)?;
+        match args.op {
+            CounterOp::Get => println!("{}", counter.get().await?),
+            CounterOp::Add { delta } => println!("{}", counter.add(delta).await?),
+            CounterOp::Set { value } => counter.set(value).await?,
+            CounterOp::Watch => {
+                let mut watch = counter.watch().await?;
+                println!("{}", watch.value());
+                loop {
+                    println!("{}", watch.changed().await?);
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+    .await
+}
+
+pub(crate) async fn seq(backend: Option<String>, args: SeqArgs) -> anyhow::Result<ExitCode> {
+    with_client(backend, |client| async move {
+        let seq = client.sequence(&args.name)?;
+        let SeqOp::Next { count } = args.op;
+        let ids = seq.next_block(count).await?;
+        let mut out = String::new();
+        for id in ids {
+            out.push_str(&id.to_string());
+            out.push('\n');
+        }
+        print!("{out}");
+        Ok(ExitCode::SUCCESS)
+    })
+    .await
+}
+
+pub(crate) async fn barrier(
+    backend: Option<String>,
+    args: BarrierArgs,
+) -> anyhow::Result<ExitCode> {
+    with_client(backend, |client| async move {
+        let barrier = client.barrier(&args.name)?;
+        Ok(match args.op {
+            BarrierOp::Set => {
+                barrier.set().await?;
+                ExitCode::SUCCESS
+            }
+            BarrierOp::Remove => {
+                barrier.remove().await?;
+                ExitCode::SUCCESS
+            }
+            BarrierOp::Status => {
+                let set = barrier.is_set().await?;
+                println!("{}: {}", args.name, if set { "set" } else { "not set" });
+                ExitCode::from(u8::from(!set))
+            }
+            BarrierOp::Wait(w) => {
+                let open = match w.timeout {
+                    None => barrier.wait().await.map(|()| true)?,
+                    Some(d) => barrier.wait_timeout(d).await?,
+                };
+                waited(open, "barrier", &args.name, "still set")
+            }
+        })
+    })
+    .await
+}
+
+pub(crate) async fn latch(backend: Option<String>, args: LatchArgs) -> anyhow::Result<ExitCode> {
+    with_client(backend, |client| async move {
+        let latch = client.latch(&args.name)?;
+        Ok(match args.op {
+            LatchOp::Set { count } => {
+                if latch.try_set_count(count).await? {
+                    ExitCode::SUCCESS
+                } else {
+                    eprintln!(
+                        "fenced: latch {:?} is in use (count {}); not set",
+                        args.name,
+                        latch.count().await?
+                    );
+                    ExitCode::from(1)
+                }
+            }
+            LatchOp::CountDown => {
+                println!("{}", latch.count_down().await?);
+                ExitCode::SUCCESS
+            }
+            LatchOp::Count => {
+                println!("{}", latch.count().await?);
+                ExitCode::SUCCESS
+            }
+            LatchOp::Wait(w) => {
+                let open = match w.timeout {
+                    None => latch.wait().await.map(|()| true)?,
+                    Some(d) => latch.wait_timeout(d).await?,
+                };
+                waited(open, "latch", &args.name, "count above zero")
+            }
+        })
+    })
+    .await
+}
+
+/// The exit code of a wait: 0 when it ended, 75 (as `run`'s) on timeout.
+fn waited(open: bool, what: &str, name: &str, still: &str) -> ExitCode {
+    if open {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!("fenced: {what} {name:?}: {still} when the wait ran out");
+    ExitCode::from(EXIT_NOT_ACQUIRED)
+}
