@@ -154,17 +154,22 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@skipped "mutexes only: no read-write locks, no semaphores (shared_modes_are_refused checks the refusal)", [
             readers_share_writers_exclude, fencing_tokens_increase,
             cancelled_reads_beside_own_write_leave_nothing, grant_cases_rw,
-            semaphore_never_exceeds_permits, grant_cases_permits, semaphore_is_refused
+            semaphore_never_exceeds_permits, grant_cases_permits, semaphore_is_refused,
+            double_barriers_wait_for_every_member
         ]);
     };
     (@group permits, $fixture:expr) => {
-        $crate::conformance_suite!(@tests $fixture, [semaphore_never_exceeds_permits, grant_cases_permits]);
+        $crate::conformance_suite!(@tests $fixture, [
+            semaphore_never_exceeds_permits, grant_cases_permits,
+            double_barriers_wait_for_every_member
+        ]);
         $crate::conformance_suite!(@skipped "this backend has semaphores", [semaphore_is_refused]);
     };
     (@group no_permits, $fixture:expr) => {
         $crate::conformance_suite!(@tests $fixture, [semaphore_is_refused]);
-        $crate::conformance_suite!(@skipped "no semaphores on this backend (semaphore_is_refused checks the refusal)", [
-            semaphore_never_exceeds_permits, grant_cases_permits
+        $crate::conformance_suite!(@skipped "no semaphores on this backend, so no double barriers, whose members are permits (semaphore_is_refused checks the refusal)", [
+            semaphore_never_exceeds_permits, grant_cases_permits,
+            double_barriers_wait_for_every_member
         ]);
     };
     (@group fair, $fixture:expr) => {

@@ -240,6 +240,12 @@ impl Client {
         crate::Barrier::new(self, name)
     }
 
+    /// A double barrier for `members` processes (see
+    /// [`DoubleBarrier`](crate::DoubleBarrier)).
+    pub fn double_barrier(&self, name: &str, members: u32) -> Result<crate::DoubleBarrier> {
+        crate::DoubleBarrier::new(self, name, members)
+    }
+
     /// A count-down latch (see [`CountDownLatch`](crate::CountDownLatch)).
     pub fn latch(&self, name: &str) -> Result<crate::CountDownLatch> {
         crate::CountDownLatch::new(self, name)

@@ -164,7 +164,7 @@ pub mod metrics {
     }
 }
 pub use crate::backend::table::{BackendInfo, Capabilities, backend_for_scheme, backends};
-pub use crate::barrier::{Barrier, CountDownLatch};
+pub use crate::barrier::{Barrier, CountDownLatch, DoubleBarrier, MAX_MEMBERS, Member};
 pub use crate::client::{BACKEND_ENV, Client, LIST_CONCURRENCY, LIST_TIMEOUT, LockEntry};
 pub use crate::core::hold::LostReason;
 pub use crate::core::retry::{MAX_RETRY_PAUSE, MIN_RETRY_PAUSE, RetryPolicy};

@@ -68,6 +68,7 @@ pub const TESTS: &[&str] = &[
     "holders_say_who_they_are",
     "counters_and_sequences_count_every_change",
     "watchers_are_woken_by_writes",
+    "double_barriers_wait_for_every_member",
 ];
 
 /// The backends (modules of a test binary made by
@@ -630,6 +631,97 @@ pub async fn watchers_are_woken_by_writes(fx: &Fixture) {
         b"abc",
         "nothing written"
     );
+}
+
+/// Members of a double barrier on two clients: none passes `enter`
+/// before all have entered, none passes `leave` before all have left; a
+/// member alone gives up and leaves; a member that died inside (a permit
+/// nobody renews) keeps the others only until its lease runs out; bad
+/// input is refused.
+pub async fn double_barriers_wait_for_every_member(fx: &Fixture) {
+    const MEMBERS: u32 = 3;
+    let t = Timing::default();
+    let hang = Duration::from_secs(60);
+    let (a, b) = fx.two_clients().await;
+    let name = unique("double");
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let leaving = Arc::new(AtomicUsize::new(0));
+    for _round in 0..2 {
+        arrived.store(0, Ordering::SeqCst);
+        leaving.store(0, Ordering::SeqCst);
+        let members: Vec<_> = (0..MEMBERS)
+            .map(|i| {
+                let barrier = if i % 2 == 0 { &a } else { &b }
+                    .double_barrier(&name, MEMBERS)
+                    .unwrap();
+                let (arrived, leaving) = (arrived.clone(), leaving.clone());
+                tokio::spawn(async move {
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    let member = barrier.enter().await.unwrap();
+                    assert_eq!(
+                        arrived.load(Ordering::SeqCst),
+                        MEMBERS as usize,
+                        "passed enter before every member arrived"
+                    );
+                    assert!(member.guard().is_held());
+                    leaving.fetch_add(1, Ordering::SeqCst);
+                    member.leave().await.unwrap();
+                    assert_eq!(
+                        leaving.load(Ordering::SeqCst),
+                        MEMBERS as usize,
+                        "passed leave before every member left"
+                    );
+                })
+            })
+            .collect();
+        for m in members {
+            timeout(hang, m).await.unwrap().unwrap();
+        }
+        assert!(
+            a.status(&name).await.unwrap().is_free(),
+            "every member left"
+        );
+    }
+
+    // Alone, a member gives up and leaves again.
+    let lonely = a.double_barrier(&name, MEMBERS).unwrap();
+    assert!(lonely.enter_timeout(t.ms(100)).await.unwrap().is_none());
+    assert!(
+        a.status(&name).await.unwrap().is_free(),
+        "the lonely member left"
+    );
+
+    // A member that entered and died: the others enter with it, and its
+    // lease ends their wait to leave.
+    let dead = unique("double");
+    let permit = a
+        .semaphore(&dead, 2)
+        .unwrap()
+        .fixed_lease(t.ms(300))
+        .acquire()
+        .await
+        .unwrap();
+    std::mem::forget(permit); // never released, never renewed
+    let member = timeout(hang, b.double_barrier(&dead, 2).unwrap().enter())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        timeout(hang, member.leave_timeout(t.eventually()))
+            .await
+            .unwrap()
+            .unwrap()
+    );
+
+    let e = a.double_barrier(&name, 0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    let e = a
+        .double_barrier(&name, fenced::MAX_MEMBERS + 1)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    let long = "d".repeat(fenced::MAX_NAME_LEN - 2);
+    let e = a.double_barrier(&long, 2).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
 }
 
 /// A holder whose lease ran out cannot release or affect the new holder.

@@ -84,28 +84,47 @@ impl Engine {
         .await
     }
 
-    /// Reads register `name` until `done` takes what it read (`Some`),
-    /// woken by the engine's notification of each write (see
-    /// `Store::watch_register`) and looking again on its own every
-    /// [`MAX_FALLBACK`] in case one was lost; `None` once `until` has
-    /// passed. Cancel safe: a dropped wait leaves only the engine's watch,
-    /// which ends at the next write or once nobody in this client watches.
+    /// Reads register `name` until `done` takes what it read (`Some`);
+    /// `None` once `until` has passed. See [`wait_on`](Self::wait_on).
     pub(crate) async fn wait_register<T>(
         &self,
         name: &LockName,
         until: Option<Instant>,
-        mut done: impl FnMut(RegisterValue) -> Result<Option<T>>,
+        done: impl Fn(RegisterValue) -> Result<Option<T>>,
     ) -> Result<Option<T>> {
+        let done = &done;
+        self.wait_on(name, until, || async move {
+            let got = self
+                .read("register_read", |b| b.register_read(name))
+                .await?;
+            done(got)
+        })
+        .await
+    }
+
+    /// Runs `check` until it answers `Some`, again after each write of
+    /// register `name`, woken by the engine's notification of it (see
+    /// `Store::watch_register`), and on its own every [`MAX_FALLBACK`] in
+    /// case one was lost or what `check` looks at changed without a write
+    /// (a lease that ran out); `None` once `until` has passed. Cancel
+    /// safe: a dropped wait leaves only the engine's watch, which ends at
+    /// the next write or once nobody in this client watches.
+    pub(crate) async fn wait_on<T, F>(
+        &self,
+        name: &LockName,
+        until: Option<Instant>,
+        mut check: impl FnMut() -> F,
+    ) -> Result<Option<T>>
+    where
+        F: std::future::Future<Output = Result<Option<T>>>,
+    {
         let key = register_key(name.as_str());
         let mut interest = self.wakeups.interest(&key, Wake::Every);
         loop {
             let seen = interest.begin();
             self.read("watch_register", |b| b.watch_register(name))
                 .await?;
-            let got = self
-                .read("register_read", |b| b.register_read(name))
-                .await?;
-            if let Some(t) = done(got)? {
+            if let Some(t) = check().await? {
                 return Ok(Some(t));
             }
             let now = Instant::now();
