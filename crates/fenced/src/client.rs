@@ -251,6 +251,12 @@ impl Client {
         crate::CountDownLatch::new(self, name)
     }
 
+    /// A rate limiter of `rate` permits a second and bursts of up to
+    /// `burst`, by the server's clock (see [`RateLimiter`](crate::RateLimiter)).
+    pub fn rate_limiter(&self, name: &str, rate: f64, burst: u32) -> Result<crate::RateLimiter> {
+        crate::RateLimiter::new(self, name, rate, burst)
+    }
+
     /// A leader election on `name` (see [`Election`](crate::Election)).
     pub fn election(&self, name: &str) -> Result<crate::Election> {
         crate::Election::new(self, name)

@@ -69,6 +69,7 @@ pub const TESTS: &[&str] = &[
     "counters_and_sequences_count_every_change",
     "watchers_are_woken_by_writes",
     "double_barriers_wait_for_every_member",
+    "rate_limiters_admit_the_burst_then_the_rate",
 ];
 
 /// The backends (modules of a test binary made by
@@ -722,6 +723,111 @@ pub async fn double_barriers_wait_for_every_member(fx: &Fixture) {
     let long = "d".repeat(fenced::MAX_NAME_LEN - 2);
     let e = a.double_barrier(&long, 2).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+}
+
+/// A rate limiter shared by tasks of two clients grants exactly its
+/// burst at once, however many ask together; then no more than the rate
+/// allows over the time measured here (an upper bound: the server's
+/// clock paces it, and a slow test only grants less); `acquire` waits
+/// its turn; bad input is refused with nothing taken. Backends without
+/// one server's clock refuse to make one.
+pub async fn rate_limiters_admit_the_burst_then_the_rate(fx: &Fixture) {
+    const TASKS: usize = 4;
+    let hang = Duration::from_secs(60);
+    let (a, b) = fx.two_clients().await;
+    let scheme = a.url().split(':').next().unwrap_or_default().to_owned();
+    let offers =
+        fenced::backend_for_scheme(&scheme).is_some_and(|info| info.capabilities.rate_limiters);
+    let name = unique("rate");
+    if !offers {
+        let e = a.rate_limiter(&name, 10.0, 5).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        return;
+    }
+    // A rate of one per 1000 s: nothing comes back while the test runs.
+    const BURST: u32 = 5;
+    let tries: Vec<_> = [&a, &b]
+        .into_iter()
+        .flat_map(|c| (0..TASKS).map(|_| c.rate_limiter(&name, 0.001, BURST).unwrap()))
+        .map(|l| {
+            tokio::spawn(async move {
+                let mut granted = 0;
+                for _ in 0..3 {
+                    match l.try_acquire(1).await.unwrap() {
+                        fenced::RateDecision::Granted => granted += 1,
+                        fenced::RateDecision::RetryAfter(wait) => {
+                            assert!(wait <= Duration::from_secs(1000), "{wait:?}");
+                        }
+                    }
+                }
+                granted
+            })
+        })
+        .collect();
+    let mut granted = 0;
+    for t in tries {
+        granted += t.await.unwrap();
+    }
+    assert_eq!(
+        granted,
+        BURST,
+        "exactly the burst, from {} asking",
+        2 * TASKS
+    );
+
+    // 40 a second, bursts of 4: count what tasks of both clients get
+    // over a stretch of time, asking as fast as they can.
+    let paced = unique("rate");
+    let (rate, burst) = (40.0, 4);
+    let started = std::time::Instant::now();
+    let takers: Vec<_> = [&a, &b]
+        .into_iter()
+        .flat_map(|c| (0..TASKS).map(|_| c.rate_limiter(&paced, rate, burst).unwrap()))
+        .map(|l| {
+            tokio::spawn(async move {
+                let mut got = 0u32;
+                for _ in 0..6 {
+                    l.acquire(1).await.unwrap();
+                    got += 1;
+                }
+                got
+            })
+        })
+        .collect();
+    let mut got = 0;
+    for t in takers {
+        got += timeout(hang, t).await.unwrap().unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert_eq!(got, 6 * 2 * TASKS as u32, "every acquire was granted");
+    let most = f64::from(burst) + rate * elapsed + 1.0;
+    assert!(
+        f64::from(got) <= most,
+        "{got} granted in {elapsed:.3}s: at most {most:.1} allowed"
+    );
+
+    let limiter = a.rate_limiter(&unique("rate"), 1.0, 2).unwrap();
+    for n in [0, 3] {
+        let e = limiter.try_acquire(n).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    }
+    assert!(
+        limiter.try_acquire(2).await.unwrap().is_granted(),
+        "refusals took nothing"
+    );
+    for (rate, burst) in [
+        (0.0, 1),
+        (-1.0, 1),
+        (f64::NAN, 1),
+        (f64::INFINITY, 1),
+        (2e6, 1),
+        (1.0, 0),
+        (1.0, fenced::MAX_BURST + 1),
+        (0.000_001, 1_000_000),
+    ] {
+        let e = a.rate_limiter(&name, rate, burst).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{rate} {burst}: {e}");
+    }
 }
 
 /// A holder whose lease ran out cannot release or affect the new holder.

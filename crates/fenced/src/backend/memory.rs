@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::grant::{Held, grantable, next_token, permits_differ};
 use crate::spi::lease::QUEUE_TTL;
+use crate::spi::rate::{RateCost, gcra};
 use crate::spi::sync::unpoisoned;
 use crate::spi::wake::Wakeups;
 use crate::spi::wake::register_key;
@@ -26,12 +27,18 @@ use tokio::time::Instant;
 
 static SPACES: LazyLock<Mutex<HashMap<String, Arc<Space>>>> = LazyLock::new(Default::default);
 
+/// The memory backend's clock starts here: its rate limiters count µs
+/// from it.
+static BORN: LazyLock<Instant> = LazyLock::new(Instant::now);
+
 /// One namespace: its locks, registers, and the wake-ups of every client
 /// connected to it.
 #[derive(Default)]
 struct Space {
     locks: Mutex<Locks>,
     registers: Mutex<HashMap<LockName, (Vec<u8>, u64)>>,
+    /// Rate limiters' TATs, in µs since [`BORN`].
+    rates: Mutex<HashMap<LockName, u64>>,
     clients: Mutex<Vec<std::sync::Weak<Wakeups>>>,
     next_ticket: Mutex<Ticket>,
 }
@@ -428,6 +435,25 @@ impl Store for MemoryBackend {
     fn watch_register<'a>(&'a self, _name: &'a LockName) -> Reply<'a, ()> {
         // Every write above wakes every client of the namespace.
         Box::pin(async { Ok(()) })
+    }
+
+    fn rate_acquire<'a>(
+        &'a self,
+        name: &'a LockName,
+        cost: RateCost,
+    ) -> Reply<'a, Option<std::time::Duration>> {
+        Box::pin(async move {
+            let now = Instant::now().duration_since(*BORN).as_micros() as u64;
+            let mut rates = unpoisoned(&self.store.rates);
+            let tat = rates.get(name).copied().unwrap_or(0);
+            Ok(match gcra(tat, now, cost) {
+                Ok(next) => {
+                    rates.insert(name.clone(), next);
+                    None
+                }
+                Err(wait) => Some(wait),
+            })
+        })
     }
 }
 

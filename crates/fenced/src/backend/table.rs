@@ -30,6 +30,9 @@ pub struct Capabilities {
     /// Servers on other hosts can share the locks (not `memory://` or
     /// `sqlite://`).
     pub networked: bool,
+    /// Rate limiters: one server whose clock every client reads (not
+    /// etcd, ZooKeeper or RedLock).
+    pub rate_limiters: bool,
 }
 
 /// One backend fenced knows, built into this binary or not.
@@ -98,6 +101,7 @@ const LEASED: Capabilities = Capabilities {
     permits: true,
     session: false,
     networked: true,
+    rate_limiters: true,
 };
 
 static TABLE: std::sync::LazyLock<Vec<BackendInfo>> = std::sync::LazyLock::new(|| {
@@ -174,6 +178,7 @@ static TABLE: std::sync::LazyLock<Vec<BackendInfo>> = std::sync::LazyLock::new(|
             capabilities: Capabilities {
                 fair: false,
                 permits: false,
+                rate_limiters: false,
                 ..LEASED
             },
             open: opener!("redis", super::redis::redlock::RedLockBackend::open),
@@ -207,6 +212,7 @@ static TABLE: std::sync::LazyLock<Vec<BackendInfo>> = std::sync::LazyLock::new(|
             summary: "etcd v3 in concurrency.Mutex's layout (etcds://: TLS, with the feature `tls`)",
             capabilities: Capabilities {
                 session: true,
+                rate_limiters: false,
                 ..LEASED
             },
             open: opener!("etcd", open_etcd),
@@ -220,6 +226,7 @@ static TABLE: std::sync::LazyLock<Vec<BackendInfo>> = std::sync::LazyLock::new(|
             summary: "ZooKeeper in Curator's layouts",
             capabilities: Capabilities {
                 session: true,
+                rate_limiters: false,
                 ..LEASED
             },
             open: opener!("zookeeper", super::zk::ZkBackend::open),

@@ -625,6 +625,15 @@ impl Store for SimBackend {
         let name = name.clone();
         self.send(move |w| async move { w.server.watch_register(&name).await })
     }
+
+    fn rate_acquire<'a>(
+        &'a self,
+        name: &'a LockName,
+        cost: crate::spi::rate::RateCost,
+    ) -> Reply<'a, Option<std::time::Duration>> {
+        let name = name.clone();
+        self.send(move |w| async move { w.server.rate_acquire(&name, cost).await })
+    }
 }
 
 impl Backend for SimBackend {}

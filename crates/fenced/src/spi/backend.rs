@@ -39,6 +39,7 @@
 //!   [`LockBackend::request_timeout`]; the core retries transient errors
 //!   within the caller's deadline.
 
+use super::rate::RateCost;
 use super::types::{
     Attempt, BoxFuture, HoldRef, LeaderValue, LockStatus, Outcome, Ownership, RegisterValue,
     RegisterWrite, Renewal, Reply, Withdrawal,
@@ -174,6 +175,22 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// notifies the watchers. As with locks, a lost notification costs
     /// latency, never progress: waiters also look again on their own.
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()>;
+
+    /// One decision of the rate limiter `name` by the server's clock (see
+    /// [`gcra`](crate::spi::rate::gcra)): `None` when granted (the state
+    /// moved on), else how long until it would be (nothing changed). In
+    /// one atomic step, as an attempt is.
+    fn rate_acquire<'a>(
+        &'a self,
+        name: &'a LockName,
+        cost: RateCost,
+    ) -> Reply<'a, Option<Duration>>;
+
+    /// Whether [`rate_acquire`](Self::rate_acquire) is there: one server
+    /// whose clock every client reads. Where not, it is never called.
+    fn has_rate_limiters(&self) -> bool {
+        true
+    }
 }
 
 /// An engine's own election layout (etcd's `concurrency.Election`): the

@@ -10,6 +10,7 @@
 //!   themselves.
 //! - [`wake`]: where waiters are woken.
 //! - [`lease`]: lease and session arithmetic.
+//! - [`rate`]: the rate limiter's rule.
 //! - [`endpoints`]: backend URLs.
 //! - [`codec`]: how fences, registers and names are spelled in storage.
 
@@ -18,6 +19,7 @@ pub(crate) mod codec;
 pub(crate) mod endpoints;
 pub(crate) mod grant;
 pub(crate) mod lease;
+pub(crate) mod rate;
 pub(crate) mod sync;
 pub(crate) mod types;
 pub(crate) mod wake;

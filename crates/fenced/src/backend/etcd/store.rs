@@ -65,6 +65,19 @@ impl Store for EtcdBackend {
             Ok(())
         })
     }
+
+    fn rate_acquire<'a>(
+        &'a self,
+        _name: &'a LockName,
+        _cost: crate::spi::rate::RateCost,
+    ) -> Reply<'a, Option<std::time::Duration>> {
+        crate::spi::rate::refused(self.scheme())
+    }
+
+    fn has_rate_limiters(&self) -> bool {
+        // etcd's API tells a client no time of the server's.
+        false
+    }
 }
 
 impl ElectionLayout for EtcdBackend {

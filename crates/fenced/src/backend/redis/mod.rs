@@ -90,6 +90,8 @@ struct Keys {
     register: String,
     /// Where a register's writes are announced to its watchers.
     register_channel: String,
+    /// A rate limiter's state (see `spi::rate`).
+    rate: String,
     channel: String,
     /// The last released hold id (Cluster only).
     released: String,
@@ -106,6 +108,7 @@ impl Keys {
             qexp: beside("fenced_qexp", n)?,
             register: beside("fenced_register", n)?,
             register_channel: beside("fenced_register_channel", n)?,
+            rate: beside("fenced_rate", n)?,
             channel: beside("redisson_lock__channel", n)?,
             released: beside("fenced_released", n)?,
         })

@@ -399,6 +399,19 @@ impl Store for RedLockBackend {
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(self.nodes[0].watch_register_inner(name))
     }
+
+    fn rate_acquire<'a>(
+        &'a self,
+        _name: &'a LockName,
+        _cost: crate::spi::rate::RateCost,
+    ) -> Reply<'a, Option<std::time::Duration>> {
+        crate::spi::rate::refused(self.scheme())
+    }
+
+    fn has_rate_limiters(&self) -> bool {
+        // No one server: each master keeps its own clock and state.
+        false
+    }
 }
 
 impl Backend for RedLockBackend {}

@@ -554,6 +554,23 @@ redis.call('PUBLISH', ARGV[2], '1')
 return n - by
 "#;
 
+/// A rate limiter's decision (see `spi::rate`) by the server's clock.
+/// KEYS: the limiter's key, its TAT in µs. ARGV: cost, tolerance (µs).
+/// Returns 0 when granted, else the µs to wait. The times stay below
+/// 2^53, where Lua's numbers are exact; `TIME` in a script is allowed
+/// since Redis replicates scripts by their effects.
+const RATE: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if tat < now then tat = now end
+local nxt = tat + tonumber(ARGV[1])
+local from = nxt - tonumber(ARGV[2])
+if from > now then return from - now end
+redis.call('SET', KEYS[1], string.format('%.0f', nxt), 'PX', math.floor((nxt - now) / 1000) + 1)
+return 0
+"#;
+
 /// The scripts of one layout.
 pub(super) struct Scripts {
     pub(super) acquire: redis::Script,
@@ -568,6 +585,7 @@ pub(super) struct Scripts {
     pub(super) register_write: redis::Script,
     pub(super) register_decrement: redis::Script,
     pub(super) register_swap: redis::Script,
+    pub(super) rate: redis::Script,
 }
 
 impl Scripts {
@@ -597,6 +615,7 @@ impl Scripts {
             register_write: redis::Script::new(REGISTER_WRITE),
             register_decrement: redis::Script::new(REGISTER_DECREMENT),
             register_swap: redis::Script::new(REGISTER_SWAP),
+            rate: redis::Script::new(RATE),
         }
     }
 }

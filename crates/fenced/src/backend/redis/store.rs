@@ -1,7 +1,9 @@
 //! Registers, and raising a name's token floor.
 
 use super::*;
+use crate::spi::rate::RateCost;
 use crate::spi::wake::register_key;
+use std::time::Duration;
 
 impl RedisBackend {
     /// Raises the fencing counter of `name` to at least `token`.
@@ -114,6 +116,29 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    pub(super) async fn rate_inner(
+        &self,
+        name: &LockName,
+        cost: RateCost,
+    ) -> Result<Option<Duration>> {
+        let k = Keys::of(name)?;
+        let wait: u64 = self
+            .node
+            .run(|mut c| async move {
+                self.scripts
+                    .rate
+                    .key(&k.rate)
+                    .arg(cost.cost_us)
+                    .arg(cost.tolerance_us)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok((wait > 0).then(|| Duration::from_micros(wait)))
+    }
+}
+
 impl Store for RedisBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
         Box::pin(self.register_read_inner(name))
@@ -129,5 +154,13 @@ impl Store for RedisBackend {
 
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(self.watch_register_inner(name))
+    }
+
+    fn rate_acquire<'a>(
+        &'a self,
+        name: &'a LockName,
+        cost: RateCost,
+    ) -> Reply<'a, Option<Duration>> {
+        Box::pin(self.rate_inner(name, cost))
     }
 }

@@ -31,7 +31,20 @@ pub(crate) const SCHEMA: &[&str] = &[
         value LONGBLOB NOT NULL,
         fence BIGINT NOT NULL
     ) ENGINE = InnoDB",
+    "CREATE TABLE IF NOT EXISTS fenced_rates (
+        name   VARBINARY(512) PRIMARY KEY,
+        tat_us BIGINT NOT NULL
+    ) ENGINE = InnoDB",
 ];
+
+/// A rate limiter's state (see `spi::rate`), locked, with the server's
+/// time in µs.
+pub(super) const RATE_LOCK: &str = "SELECT tat_us,
+    CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS now_us
+    FROM fenced_rates WHERE name = ? FOR UPDATE";
+pub(super) const RATE_NOW: &str = "SELECT CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)";
+pub(super) const RATE_SET: &str = "UPDATE fenced_rates SET tat_us = ? WHERE name = ?";
+pub(super) const RATE_NEW: &str = "INSERT INTO fenced_rates (name, tat_us) VALUES (?, ?)";
 
 /// A free lock's grant in one round trip: `SELECT fenced_try_grant(…)`
 /// runs as one statement, so in one transaction (autocommit). It does what

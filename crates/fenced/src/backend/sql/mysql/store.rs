@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::backend::sql::read_register;
+use crate::spi::rate::{RateCost, gcra};
 use crate::spi::wake::register_key;
 
 impl Store for MySqlBackend {
@@ -80,11 +81,65 @@ impl Store for MySqlBackend {
             Ok(())
         })
     }
+
+    fn rate_acquire<'a>(
+        &'a self,
+        name: &'a LockName,
+        cost: RateCost,
+    ) -> Reply<'a, Option<Duration>> {
+        Box::pin(self.rate(name, cost))
+    }
 }
 
 impl Backend for MySqlBackend {}
 
 impl MySqlBackend {
+    /// A rate limiter's decision by the server's clock: the row locked,
+    /// the rule applied, the row written, in one transaction. The first
+    /// decision of a name inserts its row; of two that race to, the
+    /// loser (a duplicate key, or InnoDB's deadlock on the gap) tries
+    /// again.
+    async fn rate(&self, name: &LockName, cost: RateCost) -> Result<Option<Duration>> {
+        const TRIES: usize = 3;
+        let mut tries = 1;
+        loop {
+            match self.rate_once(name, cost).await {
+                Err(e)
+                    if tries < TRIES
+                        && e.as_database_error()
+                            .and_then(|d| d.code())
+                            .is_some_and(|c| c == "23000" || c == "40001") =>
+                {
+                    tries += 1;
+                }
+                r => return r.map_err(|e| self.db(e)),
+            }
+        }
+    }
+
+    async fn rate_once(&self, name: &LockName, cost: RateCost) -> sqlx::Result<Option<Duration>> {
+        let mut tx = self.pool.begin().await?;
+        let row: Option<(i64, i64)> = sqlx::query_as(RATE_LOCK)
+            .bind(name.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let (tat, now) = match row {
+            Some(r) => r,
+            None => (0, sqlx::query_scalar(RATE_NOW).fetch_one(&mut *tx).await?),
+        };
+        let decision = gcra(tat.max(0) as u64, now.max(0) as u64, cost);
+        if let Ok(next) = decision {
+            let query = if row.is_some() {
+                sqlx::query(RATE_SET).bind(next as i64).bind(name.as_str())
+            } else {
+                sqlx::query(RATE_NEW).bind(name.as_str()).bind(next as i64)
+            };
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(decision.err())
+    }
+
     /// Rings the doorbell of every client watching register `name` (this
     /// one's waiters are woken directly). Best effort: a watcher not rung
     /// looks again on its own.

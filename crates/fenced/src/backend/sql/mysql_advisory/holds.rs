@@ -164,6 +164,14 @@ impl Store for MySqlAdvisory {
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         self.shared.table.watch_register(name)
     }
+
+    fn rate_acquire<'a>(
+        &'a self,
+        name: &'a LockName,
+        cost: crate::spi::rate::RateCost,
+    ) -> Reply<'a, Option<std::time::Duration>> {
+        self.shared.table.rate_acquire(name, cost)
+    }
 }
 
 impl Backend for MySqlAdvisory {}

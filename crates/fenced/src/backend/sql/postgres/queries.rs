@@ -32,7 +32,30 @@ CREATE TABLE IF NOT EXISTS fenced_registers (
     value BYTEA NOT NULL,
     fence BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS fenced_rates (
+    name   TEXT PRIMARY KEY,
+    tat_us BIGINT NOT NULL
+);
 ";
+
+/// The rate limiters' table, for databases whose tables an older fenced
+/// made (created on first use).
+pub(super) const RATES_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS fenced_rates (name TEXT PRIMARY KEY, tat_us BIGINT NOT NULL)";
+
+/// A rate limiter's decision (see `spi::rate`) by the server's clock, in
+/// one statement: $1 name, $2 cost, $3 tolerance (µs). `granted` is
+/// the new TAT, or NULL when refused; `tat` the one before (from the
+/// statement's snapshot); `now_us` the server's time.
+pub(super) const RATE: &str =
+    "WITH c AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us),
+    up AS (INSERT INTO fenced_rates AS r (name, tat_us) SELECT $1, c.now_us + $2 FROM c
+        ON CONFLICT (name) DO UPDATE SET tat_us = greatest(r.tat_us, (SELECT now_us FROM c)) + $2
+        WHERE greatest(r.tat_us, (SELECT now_us FROM c)) + $2 - $3 <= (SELECT now_us FROM c)
+        RETURNING r.tat_us)
+    SELECT (SELECT tat_us FROM up) AS granted,
+        (SELECT tat_us FROM fenced_rates WHERE name = $1) AS tat,
+        (SELECT now_us FROM c) AS now_us";
 
 /// The names starting with $1 that have a live hold or queue place (by
 /// `left`, not `LIKE`, which takes `%` and `_` for wildcards).

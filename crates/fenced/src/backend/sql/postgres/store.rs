@@ -2,7 +2,9 @@
 
 use super::*;
 use crate::backend::sql::read_register;
+use crate::spi::rate::{RateCost, gcra};
 use crate::spi::wake::register_key;
+use std::time::Duration;
 
 impl Store for PgBackend {
     fn register_read<'a>(&'a self, name: &'a LockName) -> Reply<'a, RegisterValue> {
@@ -48,6 +50,45 @@ impl Store for PgBackend {
     fn watch_register<'a>(&'a self, _name: &'a LockName) -> Reply<'a, ()> {
         // The listener hears every NOTIFY on the channel, writes' too.
         Box::pin(async { Ok(()) })
+    }
+
+    fn rate_acquire<'a>(
+        &'a self,
+        name: &'a LockName,
+        cost: RateCost,
+    ) -> Reply<'a, Option<Duration>> {
+        Box::pin(async move {
+            let row = match self.rate(name, cost).await {
+                // Tables an older fenced made: add the limiters' own.
+                Err(e) if has_state(&e, &["42P01"]) => {
+                    sqlx::query(RATES_TABLE)
+                        .execute(&self.pool)
+                        .await
+                        .map_err(|e| self.db(e))?;
+                    self.rate(name, cost).await
+                }
+                r => r,
+            }
+            .map_err(|e| self.db(e))?;
+            let get = |c: &str| row.try_get::<Option<i64>, _>(c).map_err(|e| self.db(e));
+            if get("granted")?.is_some() {
+                return Ok(None);
+            }
+            let (tat, now) = (get("tat")?.unwrap_or(0), get("now_us")?.unwrap_or(0));
+            let wait = gcra(tat.max(0) as u64, now.max(0) as u64, cost).err();
+            Ok(Some(wait.unwrap_or_default()))
+        })
+    }
+}
+
+impl PgBackend {
+    async fn rate(&self, name: &LockName, cost: RateCost) -> sqlx::Result<sqlx::postgres::PgRow> {
+        sqlx::query(RATE)
+            .bind(name.as_str())
+            .bind(cost.cost_us as i64)
+            .bind(cost.tolerance_us as i64)
+            .fetch_one(&self.pool)
+            .await
     }
 }
 

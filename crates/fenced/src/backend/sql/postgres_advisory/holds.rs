@@ -165,6 +165,14 @@ impl Store for PgAdvisory {
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         self.table.watch_register(name)
     }
+
+    fn rate_acquire<'a>(
+        &'a self,
+        name: &'a LockName,
+        cost: crate::spi::rate::RateCost,
+    ) -> Reply<'a, Option<std::time::Duration>> {
+        self.table.rate_acquire(name, cost)
+    }
 }
 
 impl Backend for PgAdvisory {}

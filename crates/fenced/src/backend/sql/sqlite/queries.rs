@@ -32,7 +32,19 @@ CREATE TABLE IF NOT EXISTS fenced_registers (
     value BLOB NOT NULL,
     fence INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fenced_rates (
+    name   TEXT PRIMARY KEY,
+    tat_us INTEGER NOT NULL        -- when the limiter is idle again, µs since 1970
+) WITHOUT ROWID;
 ";
+
+/// A rate limiter's decision (see `spi::rate`): ?1 name, ?2 now, ?3
+/// cost, ?4 tolerance (µs). A row back: granted.
+pub(super) const RATE: &str = "INSERT INTO fenced_rates (name, tat_us) VALUES (?1, ?2 + ?3)
+    ON CONFLICT (name) DO UPDATE SET tat_us = max(tat_us, ?2) + ?3
+    WHERE max(tat_us, ?2) + ?3 - ?4 <= ?2
+    RETURNING tat_us";
+pub(super) const RATE_TAT: &str = "SELECT tat_us FROM fenced_rates WHERE name = ?1";
 
 /// The names starting with ?1 that have a live hold or queue place (?2:
 /// now): compared by `substr`, since `LIKE` folds case and takes `%` and

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::backend::sql::read_register;
+use crate::spi::rate::{RateCost, gcra};
 use crate::spi::wake::register_key;
 
 impl Store for SqliteBackend {
@@ -73,9 +74,45 @@ impl Store for SqliteBackend {
             Ok(())
         })
     }
+
+    fn rate_acquire<'a>(
+        &'a self,
+        name: &'a LockName,
+        cost: RateCost,
+    ) -> Reply<'a, Option<Duration>> {
+        Box::pin(self.rate(name, cost))
+    }
 }
 
 impl SqliteBackend {
+    /// A rate limiter's decision by the host's clock, the clock of the
+    /// file's every client.
+    async fn rate(&self, name: &LockName, cost: RateCost) -> Result<Option<Duration>> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        let granted = q(RATE)
+            .bind(name.as_str())
+            .bind(now)
+            .bind(cost.cost_us as i64)
+            .bind(cost.tolerance_us as i64)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        if granted.is_some() {
+            return Ok(None);
+        }
+        let tat: Option<i64> = sqlx::query_scalar(RATE_TAT)
+            .bind(name.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        // Refused: how long from the state now (another client may have
+        // moved it since; at worst the caller asks again at once).
+        let wait = gcra(tat.unwrap_or(0).max(0) as u64, now.max(0) as u64, cost).err();
+        Ok(Some(wait.unwrap_or_default()))
+    }
+
     /// Tells every process watching register `name` (this one too) that
     /// it changed. Best effort: a watcher not told looks again on its own.
     async fn ring_watchers(&self, name: &LockName) {
