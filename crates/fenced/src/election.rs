@@ -115,6 +115,145 @@ impl Election {
     }
 }
 
+impl Election {
+    /// The election's name.
+    pub fn name(&self) -> &str {
+        self.lock.as_lock().name()
+    }
+
+    /// Who takes part now: the leader's hold (its token, lease and
+    /// holder record: host, pid, command) and how many candidates wait,
+    /// as Curator's `LeaderLatch::getParticipants` says. Between a
+    /// leader's end and the next one's grant, nobody leads.
+    pub async fn participants(&self) -> Result<Participants> {
+        let status = self.lock.status().await?;
+        Ok(Participants {
+            leader: status.holders.into_iter().next(),
+            waiting: status.waiters,
+        })
+    }
+
+    /// A watch on who leads, from the leader now: each
+    /// [`changed`](LeaderWatch::changed) waits for the next leader, the
+    /// next value proclaimed, or the end of a leadership with nobody
+    /// after it, as Curator's `LeaderLatchListener` and `etcdctl elect
+    /// --listen` report. A new leader's proclamation and a resignation
+    /// wake observers through the engine; a leader that died is seen
+    /// within two seconds of its lease's end.
+    pub async fn observe(&self) -> Result<LeaderWatch> {
+        Ok(LeaderWatch {
+            last: self.leader().await?,
+            election: self.clone(),
+        })
+    }
+
+    /// Campaigns, then runs `work` while leading (Curator's
+    /// `LeaderSelector`): its output, after resigning, once it finishes;
+    /// or, should leadership be lost first, a [`Lost`](ErrorKind::Lost)
+    /// error with `work` dropped, which cancels it at its next await. To
+    /// take part again after leading (Curator's `autoRequeue`), call it
+    /// in a loop.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let client = fenced::Client::connect("memory://run-as-leader-doc").await?;
+    /// let election = client.election("compactor")?;
+    /// let compacted = election
+    ///     .run_as_leader("10.0.0.7", async { /* the leader's work */ 42 })
+    ///     .await?;
+    /// assert_eq!(compacted, 42);
+    /// # Ok::<_, fenced::Error>(()) }).unwrap();
+    /// ```
+    pub async fn run_as_leader<T>(
+        &self,
+        value: impl AsRef<[u8]>,
+        work: impl std::future::Future<Output = T>,
+    ) -> Result<T> {
+        let leadership = self.campaign(value).await?;
+        let lost = leadership.guard().lost();
+        tokio::select! {
+            out = work => {
+                leadership.resign().await?;
+                Ok(out)
+            }
+            reason = lost => Err(crate::error::Error::new(
+                ErrorKind::Lost,
+                format!("leadership of {:?} lost while leading: {reason}", self.name()),
+            )),
+        }
+    }
+
+    /// Arms the engine's notifications of a new leader or value, then
+    /// reads who leads.
+    async fn leader_armed(&self, wake: &str) -> Result<Option<Leader>> {
+        let inner = &self.lock.as_lock().client.inner;
+        if inner.backend.election().is_some() {
+            let name = &self.lock.as_lock().name;
+            inner
+                .read("watch_leader", |b| match b.election() {
+                    Some(e) => e.watch_leader(name, wake),
+                    None => Box::pin(async { Ok(()) }),
+                })
+                .await?;
+        }
+        self.leader().await
+    }
+}
+
+/// Who takes part in an [`Election`] (see [`Election::participants`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Participants {
+    /// The leader's hold, if one leads.
+    pub leader: Option<crate::HolderInfo>,
+    /// How many candidates wait to lead.
+    pub waiting: usize,
+}
+
+/// The leaders of an [`Election`] as they change (see
+/// [`Election::observe`]).
+#[derive(Debug)]
+pub struct LeaderWatch {
+    election: Election,
+    last: Option<Leader>,
+}
+
+impl LeaderWatch {
+    /// The leader last seen, if one led.
+    pub fn leader(&self) -> Option<&Leader> {
+        self.last.as_ref()
+    }
+
+    /// Waits until the leader, or its value, is not the one last seen;
+    /// the leader then (`None`: nobody leads). Cancel safe. Waits for
+    /// ever where nothing changes: bound it with `tokio::time::timeout`
+    /// where that matters.
+    pub async fn changed(&mut self) -> Result<Option<Leader>> {
+        let election = &self.election;
+        let last = &self.last;
+        let register = election.value.lock_name();
+        let wake = crate::spi::wake::register_key(register.as_str());
+        let wake = &wake;
+        let now = election
+            .lock
+            .as_lock()
+            .client
+            .inner
+            .wait_on(register, None, || async move {
+                let now = election.leader_armed(wake).await?;
+                Ok((now != *last).then_some(now))
+            })
+            .await?;
+        let Some(now) = now else {
+            return Err(crate::error::Error::protocol(
+                "a wait without a deadline ended without a leader",
+            ));
+        };
+        self.last = now.clone();
+        Ok(now)
+    }
+}
+
 /// Leadership won in an [`Election`]: a [`Guard`] that also proclaims.
 /// Dropping it resigns (in the background); watch [`Guard::lost`] to stop
 /// leading work the moment leadership is lost.
@@ -173,8 +312,27 @@ impl Leadership {
         &self.guard
     }
 
-    /// Steps down; `true` if it still led.
+    /// Whether this process still leads, as far as it knows (Curator's
+    /// `LeaderLatch::hasLeadership`): its lease and session hold.
+    pub fn is_leader(&self) -> bool {
+        self.guard.is_held()
+    }
+
+    /// Steps down; `true` if it still led. Observers are told.
     pub async fn resign(self) -> Result<bool> {
-        self.guard.release().await
+        let token = self.guard.fencing_token();
+        let native = self.guard.client().backend.election().is_some();
+        let led = self.guard.release().await?;
+        if !native {
+            // Where the value is a register, a write wakes observers: the
+            // value again under this leadership's token (refused, and so
+            // harmless, once a newer leader has written).
+            if let Ok(Some((value, fence))) = self.value.read().await
+                && fence == token
+            {
+                let _ = self.value.write_with_token(token, value).await;
+            }
+        }
+        Ok(led)
     }
 }

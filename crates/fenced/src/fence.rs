@@ -52,6 +52,11 @@ impl FencedRegister {
         self.name.as_str()
     }
 
+    /// The register's name, checked.
+    pub(crate) fn lock_name(&self) -> &LockName {
+        &self.name
+    }
+
     /// The value and the highest fence seen, or `None` if never written.
     pub async fn read(&self) -> Result<Option<(Vec<u8>, u64)>> {
         self.client

@@ -171,7 +171,7 @@ pub use crate::core::hold::LostReason;
 pub use crate::core::retry::{MAX_RETRY_PAUSE, MIN_RETRY_PAUSE, RetryPolicy};
 pub use crate::counter::{COUNTER_WAIT, Counter, CounterWatch, Sequence};
 pub use crate::doctor::{Check, Verdict};
-pub use crate::election::{Election, Leader, Leadership};
+pub use crate::election::{Election, Leader, LeaderWatch, Leadership, Participants};
 pub use crate::error::{Error, ErrorKind, Result};
 pub use crate::fence::FencedRegister;
 pub use crate::guard::Guard;

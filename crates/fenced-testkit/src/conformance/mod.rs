@@ -70,6 +70,7 @@ pub const TESTS: &[&str] = &[
     "watchers_are_woken_by_writes",
     "double_barriers_wait_for_every_member",
     "rate_limiters_admit_the_burst_then_the_rate",
+    "elections_are_observed_and_lead_work",
 ];
 
 /// The backends (modules of a test binary made by
@@ -1381,6 +1382,92 @@ pub async fn leader_election_hands_over(fx: &Fixture) {
     );
     assert!(second.resign().await.unwrap());
     assert!(c.election(&name).unwrap().leader().await.unwrap().is_none());
+}
+
+/// An observer on another client sees each leader and each value it
+/// proclaims, and the end of leadership; `participants` names the
+/// leader's hold; `run_as_leader` returns the work's output after
+/// resigning, and drops the work with a `Lost` error when leadership is
+/// taken away.
+pub async fn elections_are_observed_and_lead_work(fx: &Fixture) {
+    let hang = Duration::from_secs(60);
+    let name = unique("observed");
+    let (a, b) = fx.two_clients().await;
+    let mut watch = a.election(&name).unwrap().observe().await.unwrap();
+    assert!(watch.leader().is_none());
+    let eb = b.election(&name).unwrap();
+    let leading = eb.campaign("b1").await.unwrap();
+    assert!(leading.is_leader());
+    // The next change: the leader with its value (between grant and
+    // proclamation an observer may see nobody yet).
+    let mut seen = None;
+    for _ in 0..3 {
+        seen = timeout(hang, watch.changed()).await.unwrap().unwrap();
+        if seen.is_some() {
+            break;
+        }
+    }
+    let seen = seen.expect("the observer saw the leader");
+    assert_eq!(seen.value, b"b1");
+    assert_eq!(seen.token, leading.guard().fencing_token());
+    leading.proclaim("b2").await.unwrap();
+    let seen = timeout(hang, watch.changed())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.value, b"b2");
+    let who = a.election(&name).unwrap().participants().await.unwrap();
+    assert_eq!(
+        who.leader.map(|h| h.token),
+        Some(leading.guard().fencing_token())
+    );
+    assert!(leading.resign().await.unwrap());
+    assert!(
+        timeout(hang, watch.changed())
+            .await
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        a.election(&name)
+            .unwrap()
+            .participants()
+            .await
+            .unwrap()
+            .leader
+            .is_none()
+    );
+
+    let out = timeout(hang, eb.run_as_leader("b3", async { 7 }))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out, 7);
+    assert!(
+        a.status(&name).await.unwrap().is_free(),
+        "resigned after the work"
+    );
+
+    // Taken away while working: the work is dropped, the error says so.
+    let short = b
+        .election(&name)
+        .unwrap()
+        .with_lock(|m| m.lease(Duration::from_secs(1)));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let working = tokio::spawn(async move {
+        short
+            .run_as_leader("b4", async move {
+                let _ = started_tx.send(());
+                std::future::pending::<()>().await
+            })
+            .await
+    });
+    timeout(hang, started_rx).await.unwrap().unwrap();
+    assert_eq!(a.mutex(&name).unwrap().force_unlock().await.unwrap(), 1);
+    let e = timeout(hang, working).await.unwrap().unwrap().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
 }
 
 /// A backend without semaphores refuses them with a clear error and takes

@@ -204,6 +204,12 @@ pub(crate) trait ElectionLayout: Send + Sync {
 
     /// The leader's value and token, `None` when nobody leads.
     fn leader<'a>(&'a self, name: &'a LockName) -> Reply<'a, LeaderValue>;
+
+    /// Arranges that a change of who leads `name`, or of the value it
+    /// proclaimed, made after this call returns, wakes `wake` in this
+    /// client's wake-ups at least once (as
+    /// [`Store::watch_register`] does for a register).
+    fn watch_leader<'a>(&'a self, name: &'a LockName, wake: &'a str) -> Reply<'a, ()>;
 }
 
 /// What a client keeps: a lock backend that is also a store, with an

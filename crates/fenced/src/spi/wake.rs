@@ -64,10 +64,10 @@ impl RegisterWatches {
     /// watches its register.
     const IDLE_CHECK: Duration = Duration::from_secs(10);
 
-    /// Whether a watch of `key` is in place and has not fired yet.
-    pub(crate) fn armed(&self, key: &str) -> bool {
+    /// Whether the watch `id` is in place and has not fired yet.
+    pub(crate) fn armed(&self, id: &str) -> bool {
         unpoisoned(&self.tasks)
-            .get(key)
+            .get(id)
             .is_some_and(|t| !t.is_finished())
     }
 
@@ -81,8 +81,19 @@ impl RegisterWatches {
         key: String,
         fired: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
+        self.keep_as(wakeups, key.clone(), key, fired);
+    }
+
+    /// [`keep`](Self::keep) a watch known as `id` that wakes `key`.
+    pub(crate) fn keep_as(
+        &self,
+        wakeups: &Arc<Wakeups>,
+        id: String,
+        key: String,
+        fired: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         let wakeups = wakeups.clone();
-        let k = key.clone();
+        let k = key;
         let task = tokio::spawn(async move {
             tokio::pin!(fired);
             loop {
@@ -99,7 +110,7 @@ impl RegisterWatches {
         });
         let mut tasks = unpoisoned(&self.tasks);
         tasks.retain(|_, t| !t.is_finished());
-        tasks.insert(key, task);
+        tasks.insert(id, task);
     }
 }
 

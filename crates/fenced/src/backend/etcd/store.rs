@@ -106,6 +106,10 @@ impl ElectionLayout for EtcdBackend {
         })
     }
 
+    fn watch_leader<'a>(&'a self, name: &'a LockName, wake: &'a str) -> Reply<'a, ()> {
+        Box::pin(self.watch_election(name, wake))
+    }
+
     fn leader<'a>(&'a self, name: &'a LockName) -> Reply<'a, crate::spi::LeaderValue> {
         Box::pin(async move {
             // No limit: a nested lock's keys may come first, and are not this one's.
@@ -119,6 +123,46 @@ impl ElectionLayout for EtcdBackend {
                 (!unproclaimed).then(|| (v.to_vec(), kv.create_revision() as u64))
             }))
         })
+    }
+}
+
+impl EtcdBackend {
+    /// [`ElectionLayout::watch_leader`]: a watch on the election's keys,
+    /// whose every put or delete may change the leader or its value.
+    async fn watch_election(&self, name: &LockName, wake: &str) -> Result<()> {
+        let inner = &self.inner;
+        let id = format!("{wake}\u{1}election");
+        if inner.register_watches.armed(&id) {
+            return Ok(());
+        }
+        let prefix = prefix_of(name)?;
+        let mut etcd = inner.etcd.clone();
+        let options = WatchOptions::new().with_prefix();
+        let mut stream = etcd
+            .watch(prefix, Some(options))
+            .await
+            .map_err(|e| inner.err(e))?;
+        match stream.message().await {
+            Ok(Some(m)) if m.created() && !m.canceled() => {}
+            Ok(_) => {
+                return Err(Error::unavailable(format!(
+                    "etcd at {} did not create a watch on election {:?}",
+                    inner.label,
+                    name.as_str()
+                )));
+            }
+            Err(e) => return Err(inner.err(e)),
+        }
+        inner
+            .register_watches
+            .keep_as(&inner.wakeups, id, wake.to_owned(), async move {
+                while let Ok(Some(m)) = stream.message().await {
+                    if m.canceled() || !m.events().is_empty() {
+                        break;
+                    }
+                }
+            });
+        Ok(())
     }
 }
 
