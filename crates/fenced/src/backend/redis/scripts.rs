@@ -11,6 +11,8 @@
 //! | `fenced_holds:{N}` | string | `simple` layout only: `<hold id>#` and what `~<hold id>` holds in the other layout: `<owner>\|<mode>\|<take>\|<max>\|<token>\|<expiry ms, server time>` |
 //! | `fenced_queue:{N}` / `fenced_qexp:{N}` | sorted sets | waiters, fair or not, by ticket / by expiry; member `<ticket>\|<owner>`; `~handoff` in `qexp` while a release's hand-over to the head stands |
 //! | `fenced_register:{N}` | hash | the fenced register: `v` value, `f` highest fence |
+//! | `fenced_register_channel:{N}` | pub/sub | every register write publishes `1` |
+//! | `fenced_rate:{N}` | string | a rate limiter's TAT, µs by the server's `TIME` |
 //! | `fenced_released:{N}` | string | Cluster only: the hold id of the last release, for twice the request timeout (see [`cluster_release`]) |
 //!
 //! Expiry is by the server's clock (`TIME`), never a client's. Every key
