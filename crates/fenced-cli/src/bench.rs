@@ -78,6 +78,10 @@ enum Scenario {
     S4,
     S5,
     F1,
+    /// The recipes, one client: a counter's `add(1)` and a rate
+    /// limiter's decision (always granted), each in a loop of S1's
+    /// iterations.
+    R1,
 }
 
 #[derive(Args, Debug)]
@@ -295,6 +299,25 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
                 let row = s5(&url, &args, pb.clone()).await?;
                 pb.inspect(|b| b.finish_and_clear());
                 report.row(row);
+            }
+            Scenario::R1 => {
+                let pb = bar("R1", None);
+                let rows = r1(&client, args.iterations).await?;
+                pb.inspect(|b| b.finish_and_clear());
+                for (what, r) in rows {
+                    plot.rates.push((format!("R1 {what}"), r.ops));
+                    let h = &r.total;
+                    let mut row = json!({
+                        "scenario": "R1", "backend": scheme, "clients": 1, "recipe": what,
+                        "iterations": r.n, "duration_s": r.secs, "ops_per_sec": r.ops,
+                        "p50_us": h.value_at_quantile(0.5), "p99_us": h.value_at_quantile(0.99),
+                    });
+                    if let Some(l) = &limits {
+                        row["ratio_to_set"] = json!(r.ops / l.set);
+                        row["ratio_to_eval"] = json!(r.ops / l.eval);
+                    }
+                    report.row(row);
+                }
             }
             Scenario::F1 => {
                 let pb = bar("F1", None);
@@ -539,6 +562,57 @@ async fn s1(
         ops: n as f64 / secs,
         total: h,
         acquire: ha,
+        n,
+        secs,
+    })
+}
+
+/// R1: a counter's `add(1)` and a rate limiter's decision, one after
+/// another from one client, `iterations` of each (at most S1's bound in
+/// time each); the rate limiter is refused where the backend has none.
+async fn r1(client: &fenced::Client, iterations: u64) -> anyhow::Result<Vec<(&'static str, S1)>> {
+    let mut rows = Vec::new();
+    let counter = client.counter("bench:r1:counter")?;
+    rows.push((
+        "counter add",
+        timed_loop(iterations, || async { counter.add(1).await.map(drop) }).await?,
+    ));
+    // Every decision granted: what a decision costs, not how it waits.
+    if let Ok(limiter) = client.rate_limiter("bench:r1:rate", 1e6, fenced::MAX_BURST) {
+        rows.push((
+            "rate decision",
+            timed_loop(iterations, || async {
+                limiter.try_acquire(1).await.map(drop)
+            })
+            .await?,
+        ));
+    }
+    Ok(rows)
+}
+
+/// `op` `iterations` times (after 100 to warm up), bounded by S1's time.
+async fn timed_loop<F, Fut>(iterations: u64, mut op: F) -> anyhow::Result<S1>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = fenced::Result<()>>,
+{
+    for _ in 0..100 {
+        op().await?;
+    }
+    let mut h = Histogram::<u64>::new(3)?;
+    let started = Instant::now();
+    let mut n = 0;
+    while n < iterations && started.elapsed() < S1_LIMIT {
+        let t = Instant::now();
+        op().await?;
+        h.record(t.elapsed().as_micros() as u64)?;
+        n += 1;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    Ok(S1 {
+        ops: n as f64 / secs,
+        acquire: h.clone(),
+        total: h,
         n,
         secs,
     })

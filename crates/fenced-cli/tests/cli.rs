@@ -441,8 +441,6 @@ fn lost_lock_kills_the_command() {
     assert!(err.contains("lost lock"), "{err}");
 }
 
-/// Completion scripts and manual pages come from the same definition as
-/// `--help`: they name every command a user may type.
 /// The recipes from the command line, on the embedded default, by
 /// several processes at once: a counter loses no add, a sequence hands
 /// out no ID twice, and `barrier wait` and `latch wait` processes go on
@@ -472,16 +470,20 @@ fn recipes_work_across_processes_from_the_command_line() {
         "for i in $(seq {ADDS}); do \"$0\" --backend \"$1\" counter hits add 1 >/dev/null || exit 1; \
          \"$0\" --backend \"$1\" seq ids next -n 2 || exit 1; done"
     );
+    // All started before any is waited for: they run at once.
     let adders: Vec<_> = (0..PROCS)
         .map(|_| {
             Command::new("sh")
                 .args(["-c", &script, env!("CARGO_BIN_EXE_fenced"), &url])
-                .output()
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
                 .unwrap()
         })
         .collect();
     let mut ids = Vec::new();
-    for out in adders {
+    for adder in adders {
+        let out = adder.wait_with_output().unwrap();
         assert!(out.status.success(), "{out:?}");
         ids.extend(
             String::from_utf8(out.stdout)
@@ -585,6 +587,8 @@ fn recipes_work_across_processes_from_the_command_line() {
     }
 }
 
+/// Completion scripts and manual pages come from the same definition as
+/// `--help`: they name every command a user may type.
 #[test]
 fn completions_and_man_pages_name_every_command() {
     let text = |args: &[&str]| {

@@ -4,8 +4,6 @@
 
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::name::LockName;
-use crate::spi::{RegisterWrite, WriteRule};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -14,8 +12,24 @@ const SET: &[u8] = b"1";
 /// What a removed barrier's register holds.
 const REMOVED: &[u8] = b"0";
 
-/// Lost races after which setting a latch's count gives up.
+/// Lost races after which setting a latch's count, or a barrier, gives up.
 const MAX_SET_RACES: u32 = 100;
+
+/// When a wait of `timeout` from now ends; `None` (no end) for one too
+/// long to count ([`Duration::MAX`] for ever).
+fn deadline(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
+}
+
+/// The error of a change that lost `MAX_SET_RACES` races in a row.
+fn too_contended(what: &str) -> Error {
+    Error::new(
+        crate::ErrorKind::TimedOut,
+        format!(
+            "{what}: other clients' writes won {MAX_SET_RACES} races in a row; nothing was changed"
+        ),
+    )
+}
 
 /// A barrier that holds every waiter back while it is set (Curator's
 /// `DistributedBarrier`): one process sets it, any number
@@ -26,7 +40,10 @@ const MAX_SET_RACES: u32 = 100;
 /// persistent node does): remove it by hand (`fenced barrier NAME
 /// remove`) if that process is gone for good. Waiters are woken by the
 /// engine when the barrier is written, and look again on their own
-/// every two seconds in case a notification was lost.
+/// every two seconds in case a notification was lost. Only a change
+/// writes (setting a set barrier writes nothing), so a waiter that sees
+/// the register's version move on knows the barrier was removed since it
+/// began, even if it was set again before the waiter looked.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -44,40 +61,34 @@ const MAX_SET_RACES: u32 = 100;
 /// ```
 #[derive(Clone, Debug)]
 pub struct Barrier {
-    client: Client,
-    name: LockName,
+    value: crate::VersionedValue,
 }
 
 impl Barrier {
     pub(crate) fn new(client: &Client, name: &str) -> Result<Barrier> {
         Ok(Barrier {
-            client: client.clone(),
-            name: LockName::new(name)?,
+            value: client.versioned(name)?,
         })
     }
 
     /// The barrier's name.
     pub fn name(&self) -> &str {
-        self.name.as_str()
+        self.value.name()
     }
 
-    /// Sets the barrier (again, if set already): waiters wait from now on.
+    /// Sets the barrier (if not set): waiters wait from now on.
     pub async fn set(&self) -> Result<()> {
-        self.write(SET).await
+        self.change(true).await
     }
 
     /// Removes the barrier (if set): every waiter goes on.
     pub async fn remove(&self) -> Result<()> {
-        self.write(REMOVED).await
+        self.change(false).await
     }
 
     /// Whether the barrier is set now.
     pub async fn is_set(&self) -> Result<bool> {
-        let inner = &self.client.inner;
-        let got = inner
-            .read("register_read", |b| b.register_read(&self.name))
-            .await?;
-        self.is_set_in(got)
+        Ok(self.read().await?.0)
     }
 
     /// Waits while the barrier is set; at once if it is not.
@@ -88,46 +99,64 @@ impl Barrier {
     /// Waits while the barrier is set, for at most `timeout`: `true` if it
     /// was removed (or never set), `false` if it was still set then.
     pub async fn wait_timeout(&self, timeout: Duration) -> Result<bool> {
-        self.wait_until(Some(Instant::now() + timeout)).await
+        self.wait_until(deadline(timeout)).await
     }
 
     async fn wait_until(&self, until: Option<Instant>) -> Result<bool> {
+        let (set, since) = self.read().await?;
+        if !set {
+            return Ok(true);
+        }
         let got = self
-            .client
+            .value
+            .client()
             .inner
-            .wait_register(&self.name, until, |raw| {
-                Ok((!self.is_set_in(raw)?).then_some(()))
+            .wait_register(self.value.lock_name(), until, |raw| {
+                // Removed now, or since this wait began (the version moves
+                // only when the barrier changes).
+                let (set, version) = self.parse(raw)?;
+                Ok((!set || version != since).then_some(()))
             })
             .await?;
         Ok(got.is_some())
     }
 
-    fn is_set_in(&self, raw: crate::spi::RegisterValue) -> Result<bool> {
+    /// Sets or removes it, writing only if that changes it.
+    async fn change(&self, set: bool) -> Result<()> {
+        for _ in 0..MAX_SET_RACES {
+            let (now, version) = self.read().await?;
+            if now == set {
+                return Ok(());
+            }
+            let value = if set { SET } else { REMOVED };
+            if self.value.compare_and_set(version, value).await? {
+                return Ok(());
+            }
+        }
+        Err(too_contended(&format!("barrier {:?}", self.name())))
+    }
+
+    /// Whether it is set, and the register's version.
+    async fn read(&self) -> Result<(bool, u64)> {
+        let inner = &self.value.client().inner;
+        let name = self.value.lock_name();
+        let got = inner
+            .read("register_read", |b| b.register_read(name))
+            .await?;
+        self.parse(got)
+    }
+
+    fn parse(&self, raw: crate::spi::RegisterValue) -> Result<(bool, u64)> {
         match raw {
-            None => Ok(false),
-            Some((v, _)) if v == SET => Ok(true),
-            Some((v, _)) if v == REMOVED => Ok(false),
+            None => Ok((false, 0)),
+            Some((v, version)) if v == SET => Ok((true, version)),
+            Some((v, version)) if v == REMOVED => Ok((false, version)),
             Some((v, _)) => Err(Error::invalid(format!(
                 "barrier {:?} holds {:?}, not 1 or 0: the name is used by another kind of value",
                 self.name(),
                 String::from_utf8_lossy(&v)
             ))),
         }
-    }
-
-    async fn write(&self, value: &[u8]) -> Result<()> {
-        let inner = &self.client.inner;
-        inner
-            .write(
-                "register_write",
-                inner.backend.register_write(RegisterWrite {
-                    name: &self.name,
-                    value,
-                    rule: WriteRule::Always,
-                }),
-            )
-            .await
-            .map(drop)
     }
 }
 
@@ -198,14 +227,7 @@ impl CountDownLatch {
                 return Ok(true);
             }
         }
-        Err(Error::new(
-            crate::ErrorKind::TimedOut,
-            format!(
-                "latch {:?}: other clients set it and it went back to zero \
-                 {MAX_SET_RACES} times while this one tried; nothing was set",
-                self.name()
-            ),
-        ))
+        Err(too_contended(&format!("latch {:?}", self.name())))
     }
 
     /// Takes one off the count, unless it is zero; the count after it.
@@ -234,16 +256,23 @@ impl CountDownLatch {
     /// Waits until the count is zero, for at most `timeout`: whether it
     /// reached zero.
     pub async fn wait_timeout(&self, timeout: Duration) -> Result<bool> {
-        self.wait_until(Some(Instant::now() + timeout)).await
+        self.wait_until(deadline(timeout)).await
     }
 
     async fn wait_until(&self, until: Option<Instant>) -> Result<bool> {
+        let (count, since) = self.read().await?;
+        if count == 0 {
+            return Ok(true);
+        }
         let got = self
             .value
             .client()
             .inner
             .wait_register(self.value.lock_name(), until, |raw| {
-                Ok((self.parse(raw)?.0 == 0).then_some(()))
+                // Zero now, or set again since this wait began: a count is
+                // set only at zero, so the round waited for is over.
+                let (count, version) = self.parse(raw)?;
+                Ok((count == 0 || version != since).then_some(()))
             })
             .await?;
         Ok(got.is_some())
@@ -293,11 +322,17 @@ pub const MAX_MEMBERS: u32 = 1024;
 /// `members` permits, held with a lease and the watchdog as any hold is:
 /// a member that dies leaves when its lease runs out, so it blocks the
 /// others no longer than that. A member past the `members`-th waits for
-/// a permit. The member that finds the barrier full writes the tokens
-/// of the members inside to the register `<name>:barrier`, which is how
-/// each of them learns it was counted, even one that looks after others
-/// have left again; every entry and exit writes that register, which
-/// wakes the waiters.
+/// a permit.
+///
+/// The register `<name>:barrier` keeps the rounds: the member that finds
+/// the barrier full writes the next round's number with the tokens of
+/// the members it counted, so each of them learns it was counted even if
+/// it looks only after others have left; the member that finds it empty
+/// again writes that the round emptied, so each leaver learns it even if
+/// one has entered the next round meanwhile (a group that loops on
+/// enter, work, leave); a member that gives up entering writes so first,
+/// so that nobody counts it after. Every entry and exit writes the
+/// register, which wakes the waiters.
 ///
 /// It is meant for one group at a time: a process that enters while
 /// members of the last round are still inside counts them.
@@ -309,9 +344,12 @@ pub const MAX_MEMBERS: u32 = 1024;
 ///     .map(|_| {
 ///         let barrier = client.double_barrier("batch", 3).unwrap();
 ///         tokio::spawn(async move {
-///             let member = barrier.enter().await?; // all three are in
-///             // ... the work ...
-///             member.leave().await // all three are out
+///             for _round in 0..2 {
+///                 let member = barrier.enter().await?; // all three are in
+///                 // ... the work ...
+///                 member.leave().await?; // all three are out
+///             }
+///             Ok::<_, fenced::Error>(())
 ///         })
 ///     })
 ///     .collect();
@@ -322,26 +360,32 @@ pub const MAX_MEMBERS: u32 = 1024;
 /// ```
 #[derive(Clone, Debug)]
 pub struct DoubleBarrier {
-    client: Client,
     members: crate::Semaphore,
     size: u32,
     rounds: crate::VersionedValue,
 }
 
-/// What the register of a double barrier holds: how many rounds filled,
-/// and the tokens of the members counted in the last.
-struct Fill {
+/// What the register of a double barrier holds, written
+/// `<round> <emptied> <member token>… -<withdrawn token>…`: the last
+/// round that filled and the tokens counted in it, the last round that
+/// emptied, and the members that gave up entering since it filled.
+#[derive(Default)]
+struct Rounds {
     round: u64,
-    tokens: Vec<u64>,
+    emptied: u64,
+    members: Vec<u64>,
+    withdrawn: Vec<u64>,
     version: u64,
 }
 
-impl Fill {
-    fn text(round: u64, tokens: &[u64]) -> String {
-        let mut text = round.to_string();
-        for t in tokens {
-            text.push(' ');
-            text.push_str(&t.to_string());
+impl Rounds {
+    fn text(&self) -> String {
+        let mut text = format!("{} {}", self.round, self.emptied);
+        for t in &self.members {
+            text.push_str(&format!(" {t}"));
+        }
+        for t in &self.withdrawn {
+            text.push_str(&format!(" -{t}"));
         }
         text
     }
@@ -363,7 +407,6 @@ impl DoubleBarrier {
             )));
         }
         Ok(DoubleBarrier {
-            client: client.clone(),
             members: client.semaphore(name, members)?,
             size: members,
             rounds: client.versioned(&format!("{name}{ROUND_SUFFIX}"))?,
@@ -380,6 +423,13 @@ impl DoubleBarrier {
         self.size
     }
 
+    /// The lock behind the membership, to set its lease or retry policy.
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
+    pub fn with_lock(mut self, f: impl FnOnce(crate::Semaphore) -> crate::Semaphore) -> Self {
+        self.members = f(self.members);
+        self
+    }
+
     /// Enters, and waits until all members have entered.
     pub async fn enter(&self) -> Result<Member> {
         let member = self.enter_until(None).await?;
@@ -389,7 +439,7 @@ impl DoubleBarrier {
     /// Enters, and waits up to `timeout` until all members have entered;
     /// `None`, having left again, if they had not by then.
     pub async fn enter_timeout(&self, timeout: Duration) -> Result<Option<Member>> {
-        self.enter_until(Some(Instant::now() + timeout)).await
+        self.enter_until(deadline(timeout)).await
     }
 
     async fn enter_until(&self, until: Option<Instant>) -> Result<Option<Member>> {
@@ -404,59 +454,75 @@ impl DoubleBarrier {
             }
         };
         let me = guard.fencing_token();
-        let member = Member {
-            guard,
-            barrier: self.clone(),
-        };
         self.poke().await?;
-        let full = self
-            .client
-            .inner
+        let inner = &self.rounds.client().inner;
+        let round = inner
             .wait_on(self.rounds.lock_name(), until, || async move {
-                let fill = self.fill().await?;
-                if fill.tokens.contains(&me) {
-                    return Ok(Some(()));
+                let rounds = self.rounds().await?;
+                if rounds.members.contains(&me) {
+                    return Ok(Some(rounds.round));
                 }
-                let inside = self.members.status().await?.holders;
-                if inside.len() as u32 >= self.size {
-                    let tokens: Vec<u64> = inside.iter().map(|h| h.token).collect();
-                    self.filled(fill, &tokens, me).await?;
-                    return Ok(Some(()));
+                let inside: Vec<u64> = (self.members.status().await?.holders.iter())
+                    .map(|h| h.token)
+                    .filter(|t| !rounds.withdrawn.contains(t))
+                    .collect();
+                if inside.len() as u32 >= self.size && inside.contains(&me) {
+                    let filled = Rounds {
+                        round: rounds.round + 1,
+                        members: inside,
+                        withdrawn: Vec::new(),
+                        ..rounds
+                    };
+                    // A lost race: another write came; look again.
+                    if self.write(&rounds, &filled).await? {
+                        return Ok(Some(filled.round));
+                    }
                 }
                 Ok(None)
             })
             .await?;
-        if full.is_some() {
-            return Ok(Some(member));
-        }
-        member.guard.release().await?;
-        self.poke().await?;
-        Ok(None)
+        let round = match round {
+            Some(r) => Some(r),
+            None => self.withdraw(me).await?,
+        };
+        let Some(round) = round else {
+            guard.release().await?;
+            return Ok(None);
+        };
+        Ok(Some(Member {
+            guard,
+            round,
+            barrier: self.clone(),
+        }))
     }
 
-    /// Records that the members with `tokens` filled the barrier, so
-    /// that each learns it was counted. A race lost to an entry or exit
-    /// is tried again; one lost to a member that recorded a fill with
-    /// `me` in it is done.
-    async fn filled(&self, mut fill: Fill, tokens: &[u64], me: u64) -> Result<()> {
+    /// Gives up entering: written before the permit goes, so that no
+    /// member counts this one after; the round it was counted in, if a
+    /// member counted it first.
+    async fn withdraw(&self, me: u64) -> Result<Option<u64>> {
         for _ in 0..MAX_SET_RACES {
-            let text = Fill::text(fill.round + 1, tokens);
-            if self.rounds.compare_and_set(fill.version, text).await? {
-                return Ok(());
+            let rounds = self.rounds().await?;
+            if rounds.members.contains(&me) {
+                return Ok(Some(rounds.round));
             }
-            fill = self.fill().await?;
-            if fill.tokens.contains(&me) {
-                return Ok(());
+            let mut after = Rounds {
+                members: rounds.members.clone(),
+                withdrawn: rounds.withdrawn.clone(),
+                ..rounds
+            };
+            after.withdrawn.push(me);
+            if self.write(&rounds, &after).await? {
+                return Ok(None);
             }
         }
-        Err(Error::new(
-            crate::ErrorKind::TimedOut,
-            format!(
-                "double barrier {:?}: other members' writes won {MAX_SET_RACES} races in a \
-                 row against the one that tells them it is full",
-                self.name()
-            ),
-        ))
+        Err(too_contended(&format!("double barrier {:?}", self.name())))
+    }
+
+    /// Writes `after` over `before` by compare-and-set on its version.
+    async fn write(&self, before: &Rounds, after: &Rounds) -> Result<bool> {
+        self.rounds
+            .compare_and_set(before.version, after.text())
+            .await
     }
 
     /// How many members are inside now.
@@ -465,13 +531,9 @@ impl DoubleBarrier {
     }
 
     /// What the register holds now.
-    async fn fill(&self) -> Result<Fill> {
+    async fn rounds(&self) -> Result<Rounds> {
         let Some(v) = self.rounds.read().await? else {
-            return Ok(Fill {
-                round: 0,
-                tokens: Vec::new(),
-                version: 0,
-            });
+            return Ok(Rounds::default());
         };
         let bad = || {
             Error::invalid(format!(
@@ -482,24 +544,30 @@ impl DoubleBarrier {
             ))
         };
         let text = std::str::from_utf8(&v.value).map_err(|_| bad())?;
-        let mut numbers = text.split(' ').map(|n| n.parse::<u64>().map_err(|_| bad()));
-        let round = numbers.next().ok_or_else(bad)??;
-        let tokens = numbers.collect::<Result<Vec<u64>>>()?;
-        Ok(Fill {
+        let mut words = text.split(' ');
+        let number = |w: Option<&str>| w.and_then(|w| w.parse::<u64>().ok()).ok_or_else(bad);
+        let round = number(words.next())?;
+        let emptied = number(words.next())?;
+        let mut rounds = Rounds {
             round,
-            tokens,
+            emptied,
             version: v.version,
-        })
+            ..Rounds::default()
+        };
+        for w in words {
+            match w.strip_prefix('-') {
+                Some(t) => rounds.withdrawn.push(number(Some(t))?),
+                None => rounds.members.push(number(Some(w))?),
+            }
+        }
+        Ok(rounds)
     }
 
     /// Writes the register as it is, to wake the waiters: someone
     /// entered or left. A lost race means another write woke them.
     async fn poke(&self) -> Result<()> {
-        let fill = self.fill().await?;
-        self.rounds
-            .compare_and_set(fill.version, Fill::text(fill.round, &fill.tokens))
-            .await
-            .map(drop)
+        let rounds = self.rounds().await?;
+        self.write(&rounds, &rounds).await.map(drop)
     }
 }
 
@@ -510,6 +578,8 @@ impl DoubleBarrier {
 #[must_use = "dropping a member leaves the barrier at once"]
 pub struct Member {
     guard: crate::Guard,
+    /// The round it was counted in.
+    round: u64,
     barrier: DoubleBarrier,
 }
 
@@ -528,18 +598,35 @@ impl Member {
     /// Leaves, and waits up to `timeout` until every member has left:
     /// whether all had.
     pub async fn leave_timeout(self, timeout: Duration) -> Result<bool> {
-        self.leave_until(Some(Instant::now() + timeout)).await
+        self.leave_until(deadline(timeout)).await
     }
 
     async fn leave_until(self, until: Option<Instant>) -> Result<bool> {
-        let b = &self.barrier;
+        let (b, round) = (&self.barrier, self.round);
         self.guard.release().await?;
         b.poke().await?;
         let out = b
-            .client
+            .rounds
+            .client()
             .inner
             .wait_on(b.rounds.lock_name(), until, || async move {
-                Ok((b.inside().await? == 0).then_some(()))
+                let rounds = b.rounds().await?;
+                if rounds.emptied >= round {
+                    return Ok(Some(()));
+                }
+                if b.inside().await? == 0 {
+                    let emptied = Rounds {
+                        emptied: round,
+                        members: rounds.members.clone(),
+                        withdrawn: rounds.withdrawn.clone(),
+                        ..rounds
+                    };
+                    // A lost race: another write came; look again.
+                    if b.write(&rounds, &emptied).await? {
+                        return Ok(Some(()));
+                    }
+                }
+                Ok(None)
             })
             .await?;
         Ok(out.is_some())

@@ -34,8 +34,9 @@ const LOCK_SUFFIX: &str = ":counter";
 /// [`FencedRegister`](crate::FencedRegister) of that name reads it, but
 /// only a counter or a versioned value may write it (a fenced register's
 /// writes do not move the version every change is checked against).
-/// Every change is a compare-and-set of that register; when writers keep
-/// colliding, a change waits (up to [`wait_timeout`](Self::wait_timeout))
+/// `add` is one step on the server where the engine has one (a script on
+/// Redis, one statement on PostgreSQL); every other change is a
+/// compare-and-set of that register; when writers keep colliding, a change waits (up to [`wait_timeout`](Self::wait_timeout))
 /// for the mutex named `<name>:counter` and tries again holding it, so
 /// many writers take turns rather than race for ever.
 ///
@@ -110,6 +111,17 @@ impl Counter {
     /// [`InvalidInput`](ErrorKind::InvalidInput), with nothing written, if
     /// the sum leaves the range of `i64`.
     pub async fn add(&self, delta: i64) -> Result<i64> {
+        // One step on the server where the engine has one (a Redis script,
+        // one PostgreSQL statement); else, or when it refuses (not an
+        // integer, out of range), by compare-and-set, which says why.
+        let inner = &self.value.client().inner;
+        let name = self.value.lock_name();
+        let native = inner
+            .write("register_add", inner.backend.register_add(name, delta))
+            .await?;
+        if let Some(n) = native {
+            return Ok(n);
+        }
         self.change(|n| {
             n.checked_add(delta).ok_or_else(|| {
                 Error::invalid(format!(

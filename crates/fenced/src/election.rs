@@ -173,7 +173,11 @@ impl Election {
         let lost = leadership.guard().lost();
         tokio::select! {
             out = work => {
-                leadership.resign().await?;
+                // The work is done whatever the resignation says; one that
+                // failed leaves the lease to end the leadership.
+                if let Err(e) = leadership.resign().await {
+                    tracing::warn!(election = %self.name(), error = %e, "resigning after the work failed; the lease will end the leadership");
+                }
                 Ok(out)
             }
             reason = lost => Err(crate::error::Error::new(

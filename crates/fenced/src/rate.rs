@@ -152,7 +152,9 @@ impl RateLimiter {
     /// Takes `n` permits if the limit allows within `timeout`; whether it
     /// did. Gives up at once when the server says the wait is longer.
     pub async fn acquire_timeout(&self, n: u32, timeout: Duration) -> Result<bool> {
-        self.acquire_until(n, Some(Instant::now() + timeout)).await
+        // A timeout too long to count is no timeout.
+        self.acquire_until(n, Instant::now().checked_add(timeout))
+            .await
     }
 
     async fn acquire_until(&self, n: u32, until: Option<Instant>) -> Result<bool> {
@@ -161,8 +163,11 @@ impl RateLimiter {
                 RateDecision::Granted => return Ok(true),
                 RateDecision::RetryAfter(wait) => wait,
             };
-            // Waiters that were told the same time spread out a little.
-            let wake = Instant::now() + wait + Duration::from_micros(fastrand::u64(0..1000));
+            // Waiters told the same time spread over up to one interval
+            // (a refusal's wait can be 0 when computed from an older
+            // state), so they do not all ask again at once.
+            let spread = self.interval_us.clamp(1_000, 100_000);
+            let wake = Instant::now() + wait + Duration::from_micros(fastrand::u64(0..spread));
             if until.is_some_and(|u| wake > u) {
                 return Ok(false);
             }

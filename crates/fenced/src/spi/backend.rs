@@ -186,6 +186,15 @@ pub(crate) trait Store: Send + Sync + 'static {
         cost: RateCost,
     ) -> Reply<'a, Option<Duration>>;
 
+    /// Adds `delta` to the register's decimal integer (0 if never
+    /// written) and moves its version on, in one step on the server: the
+    /// new value, or `None` where the backend has no such step or refused
+    /// this one (not an integer, out of range), and the caller changes it
+    /// by compare-and-set instead, which says why.
+    fn register_add<'a>(&'a self, _name: &'a LockName, _delta: i64) -> Reply<'a, Option<i64>> {
+        Box::pin(async { Ok(None) })
+    }
+
     /// Whether [`rate_acquire`](Self::rate_acquire) is there: one server
     /// whose clock every client reads. Where not, it is never called.
     fn has_rate_limiters(&self) -> bool {

@@ -55,7 +55,8 @@ pub(crate) fn register_key(name: &str) -> String {
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 #[derive(Default)]
 pub(crate) struct RegisterWatches {
-    tasks: Mutex<std::collections::HashMap<String, tokio::task::JoinHandle<()>>>,
+    /// Per watch, its tasks: one, unless two callers armed it at once.
+    tasks: Mutex<std::collections::HashMap<String, Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
@@ -68,7 +69,7 @@ impl RegisterWatches {
     pub(crate) fn armed(&self, id: &str) -> bool {
         unpoisoned(&self.tasks)
             .get(id)
-            .is_some_and(|t| !t.is_finished())
+            .is_some_and(|ts| ts.iter().any(|t| !t.is_finished()))
     }
 
     /// Keeps the engine's watch `fired` (set up already, resolving when the
@@ -109,15 +110,18 @@ impl RegisterWatches {
             wakeups.wake(&k);
         });
         let mut tasks = unpoisoned(&self.tasks);
-        tasks.retain(|_, t| !t.is_finished());
-        tasks.insert(id, task);
+        tasks.retain(|_, ts| {
+            ts.retain(|t| !t.is_finished());
+            !ts.is_empty()
+        });
+        tasks.entry(id).or_default().push(task);
     }
 }
 
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 impl Drop for RegisterWatches {
     fn drop(&mut self) {
-        for t in unpoisoned(&self.tasks).values() {
+        for t in unpoisoned(&self.tasks).values().flatten() {
             t.abort();
         }
     }

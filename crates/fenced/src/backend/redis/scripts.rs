@@ -556,6 +556,24 @@ redis.call('PUBLISH', ARGV[2], '1')
 return n - by
 "#;
 
+/// A counter's add: the register's integer plus ARGV[1], its version
+/// (`f`) plus one, in one step. ARGV: delta, the register's channel.
+/// Refuses (FENCED_NO_ADD) what Lua cannot count exactly, or what is not
+/// a decimal integer: the client then changes it by compare-and-set,
+/// which says why.
+const REGISTER_ADD: &str = r#"
+local v = redis.call('HGET', KEYS[1], 'v') or '0'
+local n = string.match(v, '^%s*%-?%d+%s*$') and tonumber(v)
+local limit = 9007199254740991
+if not n or math.abs(n) > limit then return redis.error_reply('FENCED_NO_ADD') end
+local r = n + tonumber(ARGV[1])
+if math.abs(r) > limit then return redis.error_reply('FENCED_NO_ADD') end
+local f = tonumber(redis.call('HGET', KEYS[1], 'f') or '0')
+redis.call('HSET', KEYS[1], 'v', string.format('%.0f', r), 'f', string.format('%.0f', f + 1))
+redis.call('PUBLISH', ARGV[2], '1')
+return r
+"#;
+
 /// A rate limiter's decision (see `spi::rate`) by the server's clock.
 /// KEYS: the limiter's key, its TAT in µs. ARGV: cost, tolerance (µs).
 /// Returns 0 when granted, else the µs to wait. The times stay below
@@ -588,6 +606,7 @@ pub(super) struct Scripts {
     pub(super) register_decrement: redis::Script,
     pub(super) register_swap: redis::Script,
     pub(super) rate: redis::Script,
+    pub(super) register_add: redis::Script,
 }
 
 impl Scripts {
@@ -618,6 +637,7 @@ impl Scripts {
             register_decrement: redis::Script::new(REGISTER_DECREMENT),
             register_swap: redis::Script::new(REGISTER_SWAP),
             rate: redis::Script::new(RATE),
+            register_add: redis::Script::new(REGISTER_ADD),
         }
     }
 }

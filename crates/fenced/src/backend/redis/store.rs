@@ -117,6 +117,34 @@ impl RedisBackend {
 }
 
 impl RedisBackend {
+    pub(super) async fn register_add_inner(
+        &self,
+        name: &LockName,
+        delta: i64,
+    ) -> Result<Option<i64>> {
+        if delta.unsigned_abs() > EXACT_IN_LUA {
+            return Ok(None);
+        }
+        let k = Keys::of(name)?;
+        let got = self
+            .node
+            .run(|mut c| async move {
+                self.scripts
+                    .register_add
+                    .key(&k.register)
+                    .arg(delta)
+                    .arg(&k.register_channel)
+                    .invoke_async::<i64>(&mut c)
+                    .await
+            })
+            .await;
+        match got {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.to_string().contains("FENCED_NO_ADD") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     pub(super) async fn rate_inner(
         &self,
         name: &LockName,
@@ -162,5 +190,9 @@ impl Store for RedisBackend {
         cost: RateCost,
     ) -> Reply<'a, Option<Duration>> {
         Box::pin(self.rate_inner(name, cost))
+    }
+
+    fn register_add<'a>(&'a self, name: &'a LockName, delta: i64) -> Reply<'a, Option<i64>> {
+        Box::pin(self.register_add_inner(name, delta))
     }
 }

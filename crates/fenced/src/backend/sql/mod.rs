@@ -199,6 +199,39 @@ where
 /// Lock names read back from a table's `name` column, for
 /// [`names`](crate::spi::LockBackend::names); a row no lock name could
 /// have made (written by hand) is passed over.
+/// Whether this process's watcher row of register `key` is due a
+/// refresh: not refreshed within the last fallback period, so that the
+/// many tasks of one client that watch one register refresh it once per
+/// period between them, well inside its [`QUEUE_TTL`](crate::spi::lease::QUEUE_TTL).
+/// Marks it refreshed now when it is.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn refresh_due(
+    watching: &std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    key: &str,
+) -> bool {
+    let period = crate::core::acquire::MAX_FALLBACK;
+    let now = std::time::Instant::now();
+    let mut watching = crate::spi::sync::unpoisoned(watching);
+    if watching
+        .get(key)
+        .is_some_and(|at| now.saturating_duration_since(*at) < period)
+    {
+        return false;
+    }
+    watching.retain(|_, at| now.saturating_duration_since(*at) < crate::spi::lease::QUEUE_TTL);
+    watching.insert(key.to_owned(), now);
+    true
+}
+
+/// Forgets that `key`'s watcher row was refreshed: the refresh failed.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn refresh_failed(
+    watching: &std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    key: &str,
+) {
+    crate::spi::sync::unpoisoned(watching).remove(key);
+}
+
 pub(crate) fn names_of(rows: impl IntoIterator<Item = String>) -> Vec<crate::name::LockName> {
     rows.into_iter()
         .filter_map(|n| crate::name::LockName::new(&n).ok())

@@ -76,6 +76,9 @@ pub(crate) struct MySqlBackend {
     doorbell: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// How the doorbell connects.
     bell_opts: MySqlConnectOptions,
+    /// When this client last refreshed its watcher row of each register
+    /// key (see `Store::watch_register`).
+    watching: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Whether `fenced_try_grant2` exists (see [`TRY_GRANT_DDL`]).
     fast: AtomicBool,
     /// Whether `fenced_holds` has the `holder` column.
@@ -233,6 +236,7 @@ impl MySqlBackend {
             doorbell: Default::default(),
             // The doorbell sleeps by design: no slow-statement warnings for it.
             bell_opts: sqlx::ConnectOptions::disable_statement_logging(opts),
+            watching: Default::default(),
             fast: fast.into(),
             holders,
         };

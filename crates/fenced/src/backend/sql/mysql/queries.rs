@@ -143,9 +143,11 @@ pub(super) const REFRESH_WATCHER: &str = "UPDATE fenced_waiters
 /// ?: key, bell, ttl ms.
 pub(super) const INSERT_WATCHER: &str = "INSERT INTO fenced_waiters (name, fair, bell, expires_ms)
     VALUES (?, 0, ?, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) + ?)";
-/// Drops the lapsed watcher places of register key ?.
+/// Drops the lapsed places of every register watcher: their names begin
+/// with the byte 0x01, which no lock name has.
 pub(super) const PURGE_WATCHERS: &str = "DELETE FROM fenced_waiters
-    WHERE name = ? AND expires_ms <= CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)";
+    WHERE name >= 0x01 AND name < 0x02
+      AND expires_ms <= CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)";
 /// The doorbells of the clients watching register key ?.
 pub(super) const WATCHER_BELLS: &str = "SELECT DISTINCT bell FROM fenced_waiters
     WHERE name = ? AND expires_ms > CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)

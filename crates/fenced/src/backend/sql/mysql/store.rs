@@ -1,7 +1,7 @@
 //! Registers.
 
 use super::*;
-use crate::backend::sql::read_register;
+use crate::backend::sql::{read_register, refresh_due, refresh_failed};
 use crate::spi::rate::{RateCost, gcra};
 use crate::spi::wake::register_key;
 
@@ -53,32 +53,16 @@ impl Store for MySqlBackend {
 
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(async move {
-            let key = register_key(name.as_str());
-            self.start_doorbell().await?;
-            let bell = self.bell.load(Ordering::Acquire);
-            let ttl = ms(QUEUE_TTL);
-            let r = sqlx::query(REFRESH_WATCHER)
-                .bind(ttl)
-                .bind(&key)
-                .bind(bell)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.db(e))?;
-            if r.rows_affected() == 0 {
-                sqlx::query(PURGE_WATCHERS)
-                    .bind(&key)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(|e| self.db(e))?;
-                sqlx::query(INSERT_WATCHER)
-                    .bind(&key)
-                    .bind(bell)
-                    .bind(ttl)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(|e| self.db(e))?;
+            let key = watcher_row(name);
+            let id = String::from_utf8_lossy(&key).into_owned();
+            if !refresh_due(&self.watching, &id) {
+                return Ok(());
             }
-            Ok(())
+            let done = self.refresh_watcher(&key).await;
+            if done.is_err() {
+                refresh_failed(&self.watching, &id);
+            }
+            done
         })
     }
 
@@ -92,6 +76,17 @@ impl Store for MySqlBackend {
 }
 
 impl Backend for MySqlBackend {}
+
+/// The name of a client's watcher row of register `name`: its wake key
+/// (the name behind the byte 0x01), cut to the 512 bytes of the column.
+/// Names that share their first 511 bytes share a row name, and so only
+/// wake each other's watchers for nothing: the doorbell wakes every
+/// waiter of a client, who each look at their own register.
+fn watcher_row(name: &LockName) -> Vec<u8> {
+    let mut key = register_key(name.as_str()).into_bytes();
+    key.truncate(crate::MAX_NAME_LEN);
+    key
+}
 
 impl MySqlBackend {
     /// A rate limiter's decision by the server's clock: the row locked,
@@ -140,37 +135,68 @@ impl MySqlBackend {
         Ok(decision.err())
     }
 
-    /// Rings the doorbell of every client watching register `name` (this
-    /// one's waiters are woken directly). Best effort: a watcher not rung
-    /// looks again on its own.
-    async fn ring_watchers(&self, name: &LockName) {
-        let key = register_key(name.as_str());
-        self.wakeups.wake(&key);
-        let rows: Vec<(i64,)> = match sqlx::query_as(WATCHER_BELLS)
-            .bind(&key)
-            .fetch_all(&self.pool)
+    /// Keeps this client's watcher row of `key` (see [`watcher_row`])
+    /// alive for [`QUEUE_TTL`] more, making it if there is none (and
+    /// dropping every lapsed watcher row then, so that rows of names no
+    /// longer watched do not pile up).
+    async fn refresh_watcher(&self, key: &[u8]) -> Result<()> {
+        self.start_doorbell().await?;
+        let bell = self.bell.load(Ordering::Acquire);
+        let ttl = ms(QUEUE_TTL);
+        let r = sqlx::query(REFRESH_WATCHER)
+            .bind(ttl)
+            .bind(key)
+            .bind(bell)
+            .execute(&self.pool)
             .await
-        {
-            Ok(rows) => rows,
-            Err(e) => {
-                tracing::debug!(error = %e, "could not list register watchers; they will look again on their own");
-                return;
-            }
-        };
-        let mine = self.bell.load(Ordering::Acquire);
-        for (bell,) in rows.into_iter().filter(|(b,)| *b != mine) {
-            let rung = bell > 0
-                && sqlx::query(sqlx::AssertSqlSafe(format!("KILL QUERY {bell}")))
-                    .execute(&self.pool)
-                    .await
-                    .is_ok();
-            if !rung {
-                let _ = sqlx::query(FORGET_BELL)
-                    .bind(bell)
-                    .execute(&self.pool)
-                    .await;
-            }
+            .map_err(|e| self.db(e))?;
+        if r.rows_affected() == 0 {
+            sqlx::query(PURGE_WATCHERS)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            sqlx::query(INSERT_WATCHER)
+                .bind(key)
+                .bind(bell)
+                .bind(ttl)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
         }
+        Ok(())
+    }
+
+    /// Rings the doorbell of every client watching register `name` (this
+    /// one's waiters are woken directly), in the background: the write is
+    /// done, and its caller does not wait for the watchers. Best effort:
+    /// a watcher not rung looks again on its own.
+    async fn ring_watchers(&self, name: &LockName) {
+        self.wakeups.wake(&register_key(name.as_str()));
+        let key = watcher_row(name);
+        let (pool, mine) = (self.pool.clone(), self.bell.load(Ordering::Acquire));
+        tokio::spawn(async move {
+            let rows: Vec<(i64,)> = match sqlx::query_as(WATCHER_BELLS)
+                .bind(&key)
+                .fetch_all(&pool)
+                .await
+            {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not list register watchers; they will look again on their own");
+                    return;
+                }
+            };
+            for (bell,) in rows.into_iter().filter(|(b,)| *b != mine) {
+                let rung = bell > 0
+                    && sqlx::query(sqlx::AssertSqlSafe(format!("KILL QUERY {bell}")))
+                        .execute(&pool)
+                        .await
+                        .is_ok();
+                if !rung {
+                    let _ = sqlx::query(FORGET_BELL).bind(bell).execute(&pool).await;
+                }
+            }
+        });
     }
 
     async fn write_register(&self, write: RegisterWrite<'_>) -> Result<bool> {

@@ -22,7 +22,7 @@ impl Store for PgBackend {
             let r = query.execute(&self.pool).await.map_err(|e| self.db(e))?;
             let written = r.rows_affected() == 1;
             if written {
-                self.wake_waiters(&register_key(write.name.as_str())).await;
+                self.notify_later(register_key(write.name.as_str()));
             }
             Ok(written)
         })
@@ -41,7 +41,7 @@ impl Store for PgBackend {
                 .transpose()
                 .map_err(|e| self.db(e))?;
             if after.is_some() {
-                self.wake_waiters(&register_key(name.as_str())).await;
+                self.notify_later(register_key(name.as_str()));
             }
             Ok(after)
         })
@@ -50,6 +50,25 @@ impl Store for PgBackend {
     fn watch_register<'a>(&'a self, _name: &'a LockName) -> Reply<'a, ()> {
         // The listener hears every NOTIFY on the channel, writes' too.
         Box::pin(async { Ok(()) })
+    }
+
+    fn register_add<'a>(&'a self, name: &'a LockName, delta: i64) -> Reply<'a, Option<i64>> {
+        Box::pin(async move {
+            let got = sqlx::query_scalar::<_, i64>(REGISTER_ADD)
+                .bind(name.as_str())
+                .bind(delta)
+                .fetch_one(&self.pool)
+                .await;
+            match got {
+                Ok(n) => {
+                    self.notify_later(register_key(name.as_str()));
+                    Ok(Some(n))
+                }
+                // Not an integer, or out of range: compare-and-set says which.
+                Err(e) if has_state(&e, &["22P02", "22003", "22021"]) => Ok(None),
+                Err(e) => Err(self.db(e)),
+            }
+        })
     }
 
     fn rate_acquire<'a>(
@@ -82,6 +101,17 @@ impl Store for PgBackend {
 }
 
 impl PgBackend {
+    /// Tells the watchers of a register (wake key `key`) of a write, in
+    /// the background: the write is done, and its caller does not wait.
+    fn notify_later(&self, key: String) {
+        let pool = self.pool.clone();
+        tokio::spawn(async move {
+            if let Err(e) = sqlx::query(NOTIFY).bind(key).fetch_one(&pool).await {
+                tracing::debug!(error = %e, "NOTIFY failed; watchers will look again on their own");
+            }
+        });
+    }
+
     async fn rate(&self, name: &LockName, cost: RateCost) -> sqlx::Result<sqlx::postgres::PgRow> {
         sqlx::query(RATE)
             .bind(name.as_str())

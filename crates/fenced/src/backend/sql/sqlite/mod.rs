@@ -66,7 +66,10 @@ pub(crate) struct SqliteBackend {
     pool: SqlitePool,
     path: PathBuf,
     wakeups: Arc<Wakeups>,
-    wake: wake::Endpoint,
+    wake: Arc<wake::Endpoint>,
+    /// When this process last refreshed its watcher row of each
+    /// register key (see `Store::watch_register`).
+    watching: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 fn now_ms() -> i64 {
@@ -139,12 +142,13 @@ impl SqliteBackend {
             pool.close().await;
             return Err(not_a_file(&path));
         }
-        let wake = wake::Endpoint::bind(wakeups.clone())?;
+        let wake = Arc::new(wake::Endpoint::bind(wakeups.clone())?);
         Ok(Arc::new(SqliteBackend {
             pool,
             path,
             wakeups,
             wake,
+            watching: Default::default(),
         }))
     }
 }

@@ -98,6 +98,10 @@ pub(super) const WAKE_ADDRS: &str = "SELECT wake_addr FROM fenced_waiters
 /// alive by each arming.
 pub(super) const REFRESH_WATCHER: &str =
     "UPDATE fenced_waiters SET expires_ms = ?3 WHERE name = ?1 AND wake_addr = ?2";
+/// Drops the lapsed places of every register watcher (?1: now): their
+/// names begin with the byte 0x01, which no lock name has.
+pub(super) const PURGE_WATCHERS: &str = "DELETE FROM fenced_waiters
+    WHERE name >= char(1) AND name < char(2) AND expires_ms <= ?1";
 /// The processes watching register key ?1 (?2: now).
 pub(super) const WATCHER_ADDRS: &str = "SELECT DISTINCT wake_addr FROM fenced_waiters
     WHERE name = ?1 AND expires_ms > ?2 LIMIT 1024";

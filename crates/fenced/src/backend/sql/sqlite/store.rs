@@ -1,7 +1,7 @@
 //! Registers.
 
 use super::*;
-use crate::backend::sql::read_register;
+use crate::backend::sql::{read_register, refresh_due, refresh_failed};
 use crate::spi::rate::{RateCost, gcra};
 use crate::spi::wake::register_key;
 
@@ -45,33 +45,14 @@ impl Store for SqliteBackend {
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(async move {
             let key = register_key(name.as_str());
-            let now = now_ms();
-            let expires = now + QUEUE_TTL.as_millis() as i64;
-            let addr = self.wake.addr();
-            let r = q(REFRESH_WATCHER)
-                .bind(&key)
-                .bind(addr)
-                .bind(expires)
-                .execute(&self.pool)
-                .await
-                .map_err(db)?;
-            if r.rows_affected() == 0 {
-                q(PURGE_WAITERS)
-                    .bind(&key)
-                    .bind(now)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(db)?;
-                q(INSERT_WAITER)
-                    .bind(&key)
-                    .bind(false)
-                    .bind(addr)
-                    .bind(expires)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(db)?;
+            if !refresh_due(&self.watching, &key) {
+                return Ok(());
             }
-            Ok(())
+            let done = self.refresh_watcher(&key).await;
+            if done.is_err() {
+                refresh_failed(&self.watching, &key);
+            }
+            done
         })
     }
 
@@ -85,6 +66,39 @@ impl Store for SqliteBackend {
 }
 
 impl SqliteBackend {
+    /// Keeps this process's watcher row of register key `key` alive for
+    /// [`QUEUE_TTL`] more, making it if there is none (and dropping every
+    /// lapsed watcher row then, so that rows of names no longer watched
+    /// do not pile up).
+    async fn refresh_watcher(&self, key: &str) -> Result<()> {
+        let now = now_ms();
+        let expires = now + QUEUE_TTL.as_millis() as i64;
+        let addr = self.wake.addr();
+        let r = q(REFRESH_WATCHER)
+            .bind(key)
+            .bind(addr)
+            .bind(expires)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        if r.rows_affected() == 0 {
+            q(PURGE_WATCHERS)
+                .bind(now)
+                .execute(&self.pool)
+                .await
+                .map_err(db)?;
+            q(INSERT_WAITER)
+                .bind(key)
+                .bind(false)
+                .bind(addr)
+                .bind(expires)
+                .execute(&self.pool)
+                .await
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+
     /// A rate limiter's decision by the host's clock, the clock of the
     /// file's every client.
     async fn rate(&self, name: &LockName, cost: RateCost) -> Result<Option<Duration>> {
@@ -114,27 +128,32 @@ impl SqliteBackend {
     }
 
     /// Tells every process watching register `name` (this one too) that
-    /// it changed. Best effort: a watcher not told looks again on its own.
+    /// it changed, in the background: the write is done, and its caller
+    /// does not wait for the watchers. Best effort: a watcher not told
+    /// looks again on its own.
     async fn ring_watchers(&self, name: &LockName) {
         let key = register_key(name.as_str());
         self.wakeups.wake(&key);
-        let rows: Vec<(String,)> = match sqlx::query_as(WATCHER_ADDRS)
-            .bind(&key)
-            .bind(now_ms())
-            .fetch_all(&self.pool)
-            .await
-        {
-            Ok(rows) => rows,
-            Err(e) => {
-                tracing::debug!(error = %e, "could not list register watchers; they will look again on their own");
-                return;
+        let (pool, wake) = (self.pool.clone(), self.wake.clone());
+        tokio::spawn(async move {
+            let rows: Vec<(String,)> = match sqlx::query_as(WATCHER_ADDRS)
+                .bind(&key)
+                .bind(now_ms())
+                .fetch_all(&pool)
+                .await
+            {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not list register watchers; they will look again on their own");
+                    return;
+                }
+            };
+            for (addr,) in rows {
+                if addr != wake.addr() && !wake.send(&addr, &key) {
+                    let _ = q(FORGET_ADDR).bind(&addr).execute(&pool).await;
+                }
             }
-        };
-        for (addr,) in rows {
-            if addr != self.wake.addr() && !self.wake.send(&addr, &key) {
-                let _ = q(FORGET_ADDR).bind(&addr).execute(&self.pool).await;
-            }
-        }
+        });
     }
 }
 
