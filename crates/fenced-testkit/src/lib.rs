@@ -188,7 +188,10 @@ macro_rules! conformance_suite {
         ]);
     };
     (@in processes, $($then:tt)*) => {
-        $crate::conformance_suite!($($then)* [processes_exclude_each_other, killed_holder_process_frees_lock]);
+        $crate::conformance_suite!($($then)* [
+            processes_exclude_each_other, killed_holder_process_frees_lock,
+            processes_share_counters_and_sequences
+        ]);
     };
     (@in network, $($then:tt)*) => {
         $crate::conformance_suite!($($then)* [

@@ -71,6 +71,7 @@ pub const TESTS: &[&str] = &[
     "double_barriers_wait_for_every_member",
     "rate_limiters_admit_the_burst_then_the_rate",
     "elections_are_observed_and_lead_work",
+    "processes_share_counters_and_sequences",
 ];
 
 /// The backends (modules of a test binary made by
@@ -2040,6 +2041,65 @@ pub async fn processes_exclude_each_other(fx: &Fixture) {
         .unwrap();
     assert_eq!(total, PROCS * rounds);
     assert!(fx.client().await.status(&name).await.unwrap().is_free());
+}
+
+/// Processes that add to one counter and take IDs from one sequence
+/// through the `fenced` command at once: no add is lost, no ID is handed
+/// out twice, and each process's IDs rise.
+pub async fn processes_share_counters_and_sequences(fx: &Fixture) {
+    const PROCS: usize = 8;
+    const ROUNDS: usize = 10;
+    let bin = fx
+        .fenced_bin
+        .clone()
+        .expect("processes tests need the fenced binary");
+    let (hits, ids) = (unique("hits"), unique("ids"));
+    let script = format!(
+        "for i in $(seq {ROUNDS}); do \"$0\" --backend \"$1\" counter {hits} add 1 >/dev/null || exit 1; \
+         \"$0\" --backend \"$1\" seq {ids} next -n 3 || exit 1; done"
+    );
+    let workers: Vec<_> = (0..PROCS)
+        .map(|_| {
+            std::process::Command::new("sh")
+                .args(["-c", &script, &bin.display().to_string(), &fx.url])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut all = Vec::new();
+    for w in workers {
+        let out = tokio::task::spawn_blocking(move || w.wait_with_output().unwrap())
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: Vec<u64> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "rising: {got:?}");
+        all.extend(got);
+    }
+    let client = fx.client().await;
+    assert_eq!(
+        client.counter(&hits).unwrap().get().await.unwrap(),
+        (PROCS * ROUNDS) as i64,
+        "no add lost"
+    );
+    let n = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(
+        (n, all.len()),
+        (PROCS * ROUNDS * 3, PROCS * ROUNDS * 3),
+        "no ID twice"
+    );
 }
 
 /// A `fenced run` holder killed with SIGKILL frees the lock when its lease ends.
