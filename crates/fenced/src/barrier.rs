@@ -328,9 +328,9 @@ pub const MAX_MEMBERS: u32 = 1024;
 /// the barrier full writes the next round's number with the tokens of
 /// the members it counted, so each of them learns it was counted even if
 /// it looks only after others have left; the member that finds it empty
-/// again writes that the round emptied, so each leaver learns it even if
-/// one has entered the next round meanwhile (a group that loops on
-/// enter, work, leave); a member that gives up entering writes so first,
+/// again (none of the round's members inside) writes that the round
+/// emptied, so each leaver learns it even if one has entered the next
+/// round meanwhile (a group that loops on enter, work, leave); a member that gives up entering writes so first,
 /// so that nobody counts it after. Every entry and exit writes the
 /// register, which wakes the waiters.
 ///
@@ -454,13 +454,56 @@ impl DoubleBarrier {
             }
         };
         let me = guard.fencing_token();
+        let counted = match self.wait_to_be_counted(&guard, until).await {
+            Ok(Some(round)) => Some(round),
+            // Not counted in time, or the wait failed: give up, written
+            // first, so that nobody counts this member after. (A future
+            // dropped here cannot write it: its permit is released in the
+            // background, and a member filling the barrier in that moment
+            // may count it.)
+            Ok(None) => self.withdraw(me).await?,
+            Err(e) => {
+                let _ = self.withdraw(me).await;
+                return Err(e);
+            }
+        };
+        let Some((round, mates)) = counted else {
+            guard.release().await?;
+            return Ok(None);
+        };
+        Ok(Some(Member {
+            guard,
+            round,
+            mates,
+            barrier: self.clone(),
+        }))
+    }
+
+    /// Waits until this member is counted in a round that filled: the
+    /// round and the tokens counted in it.
+    async fn wait_to_be_counted(
+        &self,
+        guard: &crate::Guard,
+        until: Option<Instant>,
+    ) -> Result<Option<(u64, Vec<u64>)>> {
+        let me = guard.fencing_token();
         self.poke().await?;
         let inner = &self.rounds.client().inner;
-        let round = inner
+        inner
             .wait_on(self.rounds.lock_name(), until, || async move {
                 let rounds = self.rounds().await?;
                 if rounds.members.contains(&me) {
-                    return Ok(Some(rounds.round));
+                    return Ok(Some((rounds.round, rounds.members)));
+                }
+                if !guard.is_held() {
+                    return Err(Error::new(
+                        crate::ErrorKind::Lost,
+                        format!(
+                            "double barrier {:?}: this member's permit (token {me}) ended \
+                             before the barrier filled",
+                            self.name()
+                        ),
+                    ));
                 }
                 let inside: Vec<u64> = (self.members.status().await?.holders.iter())
                     .map(|h| h.token)
@@ -475,41 +518,33 @@ impl DoubleBarrier {
                     };
                     // A lost race: another write came; look again.
                     if self.write(&rounds, &filled).await? {
-                        return Ok(Some(filled.round));
+                        return Ok(Some((filled.round, filled.members)));
                     }
                 }
                 Ok(None)
             })
-            .await?;
-        let round = match round {
-            Some(r) => Some(r),
-            None => self.withdraw(me).await?,
-        };
-        let Some(round) = round else {
-            guard.release().await?;
-            return Ok(None);
-        };
-        Ok(Some(Member {
-            guard,
-            round,
-            barrier: self.clone(),
-        }))
+            .await
     }
 
     /// Gives up entering: written before the permit goes, so that no
-    /// member counts this one after; the round it was counted in, if a
-    /// member counted it first.
-    async fn withdraw(&self, me: u64) -> Result<Option<u64>> {
+    /// member counts this one after; the round it was counted in, and
+    /// its mates, if a member counted it first. Only withdrawals of
+    /// members still inside are kept.
+    async fn withdraw(&self, me: u64) -> Result<Option<(u64, Vec<u64>)>> {
         for _ in 0..MAX_SET_RACES {
             let rounds = self.rounds().await?;
             if rounds.members.contains(&me) {
-                return Ok(Some(rounds.round));
+                return Ok(Some((rounds.round, rounds.members)));
             }
+            let holders: Vec<u64> = (self.members.status().await?.holders.iter())
+                .map(|h| h.token)
+                .collect();
             let mut after = Rounds {
                 members: rounds.members.clone(),
                 withdrawn: rounds.withdrawn.clone(),
                 ..rounds
             };
+            after.withdrawn.retain(|t| holders.contains(t));
             after.withdrawn.push(me);
             if self.write(&rounds, &after).await? {
                 return Ok(None);
@@ -523,11 +558,6 @@ impl DoubleBarrier {
         self.rounds
             .compare_and_set(before.version, after.text())
             .await
-    }
-
-    /// How many members are inside now.
-    async fn inside(&self) -> Result<usize> {
-        Ok(self.members.status().await?.holders.len())
     }
 
     /// What the register holds now.
@@ -580,6 +610,8 @@ pub struct Member {
     guard: crate::Guard,
     /// The round it was counted in.
     round: u64,
+    /// The tokens counted in that round, its own among them.
+    mates: Vec<u64>,
     barrier: DoubleBarrier,
 }
 
@@ -602,7 +634,7 @@ impl Member {
     }
 
     async fn leave_until(self, until: Option<Instant>) -> Result<bool> {
-        let (b, round) = (&self.barrier, self.round);
+        let (b, round, mates) = (&self.barrier, self.round, &self.mates);
         self.guard.release().await?;
         b.poke().await?;
         let out = b
@@ -614,7 +646,10 @@ impl Member {
                 if rounds.emptied >= round {
                     return Ok(Some(()));
                 }
-                if b.inside().await? == 0 {
+                // Out when none of this round's members is inside (a
+                // member of the next round may be already).
+                let holders = b.members.status().await?.holders;
+                if !holders.iter().any(|h| mates.contains(&h.token)) {
                     let emptied = Rounds {
                         emptied: round,
                         members: rounds.members.clone(),

@@ -167,10 +167,20 @@ impl RateLimiter {
             // (a refusal's wait can be 0 when computed from an older
             // state), so they do not all ask again at once.
             let spread = self.interval_us.clamp(1_000, 100_000);
-            let wake = Instant::now() + wait + Duration::from_micros(fastrand::u64(0..spread));
-            if until.is_some_and(|u| wake > u) {
+            let now = Instant::now();
+            let due = now.checked_add(wait);
+            if let Some(u) = until
+                && due.is_none_or(|d| d > u)
+            {
                 return Ok(false);
             }
+            // At most an hour at a time (a wait no clock can count is
+            // asked again then), and never past the deadline.
+            let due = due.unwrap_or(now + Duration::from_secs(3600));
+            let wake = due + Duration::from_micros(fastrand::u64(0..spread));
+            let wake = wake
+                .min(until.unwrap_or(wake))
+                .min(now + Duration::from_secs(3600));
             tokio::time::sleep_until(wake).await;
         }
     }

@@ -739,6 +739,14 @@ pub async fn double_barriers_wait_for_every_member(fx: &Fixture) {
         "the lonely member left"
     );
 
+    // A member whose permit lapses while it waits is told so.
+    let lapsing = a
+        .double_barrier(&unique("double"), 2)
+        .unwrap()
+        .with_lock(|s| s.fixed_lease(Duration::from_millis(200)));
+    let e = timeout(hang, lapsing.enter()).await.unwrap().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+
     // A member that entered and died: the other counts it, and its lease
     // ends the other's wait to leave.
     let dead = unique("double");

@@ -569,6 +569,7 @@ if not n or math.abs(n) > limit then return redis.error_reply('FENCED_NO_ADD') e
 local r = n + tonumber(ARGV[1])
 if math.abs(r) > limit then return redis.error_reply('FENCED_NO_ADD') end
 local f = tonumber(redis.call('HGET', KEYS[1], 'f') or '0')
+if not f or f >= limit then return redis.error_reply('FENCED_NO_ADD') end
 redis.call('HSET', KEYS[1], 'v', string.format('%.0f', r), 'f', string.format('%.0f', f + 1))
 redis.call('PUBLISH', ARGV[2], '1')
 return r

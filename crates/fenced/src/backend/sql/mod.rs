@@ -199,37 +199,30 @@ where
 /// Lock names read back from a table's `name` column, for
 /// [`names`](crate::spi::LockBackend::names); a row no lock name could
 /// have made (written by hand) is passed over.
-/// Whether this process's watcher row of register `key` is due a
-/// refresh: not refreshed within the last fallback period, so that the
-/// many tasks of one client that watch one register refresh it once per
-/// period between them, well inside its [`QUEUE_TTL`](crate::spi::lease::QUEUE_TTL).
-/// Marks it refreshed now when it is.
+/// When this client last refreshed its watcher row of each register
+/// key (see `Store::watch_register`): the many tasks of one client that
+/// watch one register refresh it once per fallback period between them,
+/// well inside its [`QUEUE_TTL`](crate::spi::lease::QUEUE_TTL).
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn refresh_due(
-    watching: &std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
-    key: &str,
-) -> bool {
-    let period = crate::core::acquire::MAX_FALLBACK;
-    let now = std::time::Instant::now();
-    let mut watching = crate::spi::sync::unpoisoned(watching);
-    if watching
-        .get(key)
-        .is_some_and(|at| now.saturating_duration_since(*at) < period)
-    {
-        return false;
-    }
-    watching.retain(|_, at| now.saturating_duration_since(*at) < crate::spi::lease::QUEUE_TTL);
-    watching.insert(key.to_owned(), now);
-    true
-}
+#[derive(Default)]
+pub(crate) struct Watching(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
 
-/// Forgets that `key`'s watcher row was refreshed: the refresh failed.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn refresh_failed(
-    watching: &std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
-    key: &str,
-) {
-    crate::spi::sync::unpoisoned(watching).remove(key);
+impl Watching {
+    /// Whether `key`'s row is due a refresh: not refreshed within the
+    /// last fallback period.
+    pub(crate) fn due(&self, key: &str) -> bool {
+        let period = crate::core::acquire::MAX_FALLBACK;
+        let watching = crate::spi::sync::unpoisoned(&self.0);
+        watching.get(key).is_none_or(|at| at.elapsed() >= period)
+    }
+
+    /// `key`'s row was refreshed (or made) just now.
+    pub(crate) fn refreshed(&self, key: &str) {
+        let mut watching = crate::spi::sync::unpoisoned(&self.0);
+        watching.retain(|_, at| at.elapsed() < crate::spi::lease::QUEUE_TTL);
+        watching.insert(key.to_owned(), std::time::Instant::now());
+    }
 }
 
 pub(crate) fn names_of(rows: impl IntoIterator<Item = String>) -> Vec<crate::name::LockName> {

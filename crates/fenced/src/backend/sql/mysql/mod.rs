@@ -78,7 +78,7 @@ pub(crate) struct MySqlBackend {
     bell_opts: MySqlConnectOptions,
     /// When this client last refreshed its watcher row of each register
     /// key (see `Store::watch_register`).
-    watching: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    watching: crate::backend::sql::Watching,
     /// Whether `fenced_try_grant2` exists (see [`TRY_GRANT_DDL`]).
     fast: AtomicBool,
     /// Whether `fenced_holds` has the `holder` column.

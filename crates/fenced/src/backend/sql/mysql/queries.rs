@@ -151,6 +151,7 @@ pub(super) const PURGE_WATCHERS: &str = "DELETE FROM fenced_waiters
 /// The doorbells of the clients watching register key ?.
 pub(super) const WATCHER_BELLS: &str = "SELECT DISTINCT bell FROM fenced_waiters
     WHERE name = ? AND expires_ms > CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)
+      AND IS_USED_LOCK(CONCAT('fenced_doorbell:', bell)) = bell
     LIMIT 1024";
 pub(super) const FORGET_BELL: &str = "DELETE FROM fenced_waiters WHERE bell = ?";
 pub(super) const RELEASE: &str = "DELETE FROM fenced_holds WHERE hold_id = ?

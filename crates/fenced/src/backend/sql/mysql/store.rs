@@ -1,7 +1,7 @@
 //! Registers.
 
 use super::*;
-use crate::backend::sql::{read_register, refresh_due, refresh_failed};
+use crate::backend::sql::read_register;
 use crate::spi::rate::{RateCost, gcra};
 use crate::spi::wake::register_key;
 
@@ -53,16 +53,14 @@ impl Store for MySqlBackend {
 
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(async move {
-            let key = watcher_row(name);
-            let id = String::from_utf8_lossy(&key).into_owned();
-            if !refresh_due(&self.watching, &id) {
+            // Known by its whole wake key; its row's name may be cut short.
+            let id = register_key(name.as_str());
+            if !self.watching.due(&id) {
                 return Ok(());
             }
-            let done = self.refresh_watcher(&key).await;
-            if done.is_err() {
-                refresh_failed(&self.watching, &id);
-            }
-            done
+            self.refresh_watcher(&watcher_row(name)).await?;
+            self.watching.refreshed(&id);
+            Ok(())
         })
     }
 

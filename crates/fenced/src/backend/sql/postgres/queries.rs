@@ -40,13 +40,15 @@ CREATE TABLE IF NOT EXISTS fenced_rates (
 
 /// A counter's add in one statement: the register's integer plus $2 and
 /// its version plus one (created at $2, version 1). A value that is not
-/// an integer, or a sum out of range, fails the cast (22P02, 22003): the
-/// client then changes it by compare-and-set, which says why.
+/// written in decimal digits returns no row, and a sum out of range fails
+/// the cast (22003): the client then changes it by compare-and-set,
+/// which says why.
 pub(super) const REGISTER_ADD: &str = "INSERT INTO fenced_registers AS r (name, value, fence)
     VALUES ($1, convert_to($2::bigint::text, 'UTF8'), 1)
     ON CONFLICT (name) DO UPDATE
     SET value = convert_to((convert_from(r.value, 'UTF8')::bigint + $2::bigint)::text, 'UTF8'),
         fence = r.fence + 1
+    WHERE convert_from(r.value, 'UTF8') ~ '^\\s*-?[0-9]+\\s*$'
     RETURNING convert_from(r.value, 'UTF8')::bigint AS value";
 
 /// The rate limiters' table, for databases whose tables an older fenced

@@ -57,10 +57,11 @@ impl Store for PgBackend {
             let got = sqlx::query_scalar::<_, i64>(REGISTER_ADD)
                 .bind(name.as_str())
                 .bind(delta)
-                .fetch_one(&self.pool)
+                .fetch_optional(&self.pool)
                 .await;
             match got {
-                Ok(n) => {
+                Ok(None) => Ok(None),
+                Ok(Some(n)) => {
                     self.notify_later(register_key(name.as_str()));
                     Ok(Some(n))
                 }

@@ -69,7 +69,7 @@ pub(crate) struct SqliteBackend {
     wake: Arc<wake::Endpoint>,
     /// When this process last refreshed its watcher row of each
     /// register key (see `Store::watch_register`).
-    watching: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    watching: crate::backend::sql::Watching,
 }
 
 fn now_ms() -> i64 {

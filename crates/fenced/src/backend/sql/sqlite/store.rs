@@ -1,7 +1,7 @@
 //! Registers.
 
 use super::*;
-use crate::backend::sql::{read_register, refresh_due, refresh_failed};
+use crate::backend::sql::read_register;
 use crate::spi::rate::{RateCost, gcra};
 use crate::spi::wake::register_key;
 
@@ -45,14 +45,12 @@ impl Store for SqliteBackend {
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(async move {
             let key = register_key(name.as_str());
-            if !refresh_due(&self.watching, &key) {
+            if !self.watching.due(&key) {
                 return Ok(());
             }
-            let done = self.refresh_watcher(&key).await;
-            if done.is_err() {
-                refresh_failed(&self.watching, &key);
-            }
-            done
+            self.refresh_watcher(&key).await?;
+            self.watching.refreshed(&key);
+            Ok(())
         })
     }
 
