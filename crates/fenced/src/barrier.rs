@@ -21,6 +21,44 @@ fn deadline(timeout: Duration) -> Option<Instant> {
     Instant::now().checked_add(timeout)
 }
 
+/// What `value` holds, by `parse`: a state and the register's version.
+async fn read_parsed<T>(
+    value: &crate::VersionedValue,
+    parse: impl Fn(crate::spi::RegisterValue) -> Result<(T, u64)>,
+) -> Result<(T, u64)> {
+    let name = value.lock_name();
+    let got = value
+        .client()
+        .inner
+        .read("register_read", |b| b.register_read(name))
+        .await?;
+    parse(got)
+}
+
+/// Waits until `value`'s state (by `parse`) is `open`, or its version
+/// has moved since the wait began (whoever writes it moves the version
+/// only past an open state); whether it was before `until`.
+async fn wait_open<T>(
+    value: &crate::VersionedValue,
+    until: Option<Instant>,
+    parse: impl Fn(crate::spi::RegisterValue) -> Result<(T, u64)>,
+    open: impl Fn(&T) -> bool,
+) -> Result<bool> {
+    let (state, since) = read_parsed(value, &parse).await?;
+    if open(&state) {
+        return Ok(true);
+    }
+    let got = value
+        .client()
+        .inner
+        .wait_register(value.lock_name(), until, |raw| {
+            let (state, version) = parse(raw)?;
+            Ok((open(&state) || version != since).then_some(()))
+        })
+        .await?;
+    Ok(got.is_some())
+}
+
 /// The error of a change that lost `MAX_SET_RACES` races in a row.
 fn too_contended(what: &str) -> Error {
     Error::new(
@@ -103,22 +141,8 @@ impl Barrier {
     }
 
     async fn wait_until(&self, until: Option<Instant>) -> Result<bool> {
-        let (set, since) = self.read().await?;
-        if !set {
-            return Ok(true);
-        }
-        let got = self
-            .value
-            .client()
-            .inner
-            .wait_register(self.value.lock_name(), until, |raw| {
-                // Removed now, or since this wait began (the version moves
-                // only when the barrier changes).
-                let (set, version) = self.parse(raw)?;
-                Ok((!set || version != since).then_some(()))
-            })
-            .await?;
-        Ok(got.is_some())
+        // The version moves only when the barrier changes.
+        wait_open(&self.value, until, |raw| self.parse(raw), |set| !set).await
     }
 
     /// Sets or removes it, writing only if that changes it.
@@ -138,12 +162,7 @@ impl Barrier {
 
     /// Whether it is set, and the register's version.
     async fn read(&self) -> Result<(bool, u64)> {
-        let inner = &self.value.client().inner;
-        let name = self.value.lock_name();
-        let got = inner
-            .read("register_read", |b| b.register_read(name))
-            .await?;
-        self.parse(got)
+        read_parsed(&self.value, |raw| self.parse(raw)).await
     }
 
     fn parse(&self, raw: crate::spi::RegisterValue) -> Result<(bool, u64)> {
@@ -260,31 +279,19 @@ impl CountDownLatch {
     }
 
     async fn wait_until(&self, until: Option<Instant>) -> Result<bool> {
-        let (count, since) = self.read().await?;
-        if count == 0 {
-            return Ok(true);
-        }
-        let got = self
-            .value
-            .client()
-            .inner
-            .wait_register(self.value.lock_name(), until, |raw| {
-                // Zero now, or set again since this wait began: a count is
-                // set only at zero, so the round waited for is over.
-                let (count, version) = self.parse(raw)?;
-                Ok((count == 0 || version != since).then_some(()))
-            })
-            .await?;
-        Ok(got.is_some())
+        // A count is set only at zero, and count-downs leave the version:
+        // it moves only when the latch is set again, its round over.
+        wait_open(
+            &self.value,
+            until,
+            |raw| self.parse(raw),
+            |count| *count == 0,
+        )
+        .await
     }
 
     async fn read(&self) -> Result<(u64, u64)> {
-        let inner = &self.value.client().inner;
-        let name = self.value.lock_name();
-        let got = inner
-            .read("register_read", |b| b.register_read(name))
-            .await?;
-        self.parse(got)
+        read_parsed(&self.value, |raw| self.parse(raw)).await
     }
 
     /// The count and the register's version.

@@ -179,12 +179,15 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// One decision of the rate limiter `name` by the server's clock (see
     /// [`gcra`](crate::spi::rate::gcra)): `None` when granted (the state
     /// moved on), else how long until it would be (nothing changed). In
-    /// one atomic step, as an attempt is.
+    /// one atomic step, as an attempt is. Refused by default (see
+    /// [`has_rate_limiters`](Self::has_rate_limiters)).
     fn rate_acquire<'a>(
         &'a self,
-        name: &'a LockName,
-        cost: RateCost,
-    ) -> Reply<'a, Option<Duration>>;
+        _name: &'a LockName,
+        _cost: RateCost,
+    ) -> Reply<'a, Option<Duration>> {
+        crate::spi::rate::refused("this backend")
+    }
 
     /// Adds `delta` to the register's decimal integer (0 if never
     /// written) and moves its version on, in one step on the server: the

@@ -35,12 +35,8 @@ pub(crate) fn gcra(tat_us: u64, now_us: u64, cost: RateCost) -> Result<u64, Dura
 
 /// The answer of a backend without rate limiters, should it be asked
 /// (the client refuses to make one first).
-#[cfg_attr(
-    not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
-    allow(dead_code)
-)]
-pub(crate) fn refused(scheme: &str) -> super::types::Reply<'static, Option<Duration>> {
-    let e = crate::error::Error::invalid(format!("{scheme}:// has no rate limiters"));
+pub(crate) fn refused(who: &str) -> super::types::Reply<'static, Option<Duration>> {
+    let e = crate::error::Error::invalid(format!("{who} has no rate limiters"));
     Box::pin(async move { Err(e) })
 }
 

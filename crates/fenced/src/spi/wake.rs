@@ -76,6 +76,7 @@ impl RegisterWatches {
     /// register changes or the watch breaks) until it resolves, then wakes
     /// `key`'s waiters; or drops it once nobody in this client waits on
     /// `key`.
+    #[cfg(feature = "zookeeper")]
     pub(crate) fn keep(
         &self,
         wakeups: &Arc<Wakeups>,
@@ -85,7 +86,7 @@ impl RegisterWatches {
         self.keep_as(wakeups, key.clone(), key, fired);
     }
 
-    /// [`keep`](Self::keep) a watch known as `id` that wakes `key`.
+    /// Keeps a watch known as `id` that wakes `key`, as `keep` does.
     pub(crate) fn keep_as(
         &self,
         wakeups: &Arc<Wakeups>,

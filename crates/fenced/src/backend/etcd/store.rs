@@ -27,51 +27,9 @@ impl Store for EtcdBackend {
     }
 
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
-        Box::pin(async move {
-            let inner = &self.inner;
-            let key = register_key(name.as_str());
-            if inner.register_watches.armed(&key) {
-                return Ok(());
-            }
-            let mut etcd = inner.etcd.clone();
-            let mut stream = etcd
-                .watch(EtcdShared::register_key(name), None)
-                .await
-                .map_err(|e| inner.err(e))?;
-            // Armed once the server says the watch exists: every write
-            // after that has a later revision, and comes to it.
-            match stream.message().await {
-                Ok(Some(m)) if m.created() && !m.canceled() => {}
-                Ok(_) => {
-                    return Err(Error::unavailable(format!(
-                        "etcd at {} did not create a watch on register {:?}",
-                        inner.label,
-                        name.as_str()
-                    )));
-                }
-                Err(e) => return Err(inner.err(e)),
-            }
-            inner
-                .register_watches
-                .keep(&inner.wakeups, key, async move {
-                    // A message with events is a change; an error, the end of
-                    // the stream or a cancel may have lost one: wake all the same.
-                    while let Ok(Some(m)) = stream.message().await {
-                        if m.canceled() || !m.events().is_empty() {
-                            break;
-                        }
-                    }
-                });
-            Ok(())
-        })
-    }
-
-    fn rate_acquire<'a>(
-        &'a self,
-        _name: &'a LockName,
-        _cost: crate::spi::rate::RateCost,
-    ) -> Reply<'a, Option<std::time::Duration>> {
-        crate::spi::rate::refused(self.scheme())
+        let key = register_key(name.as_str());
+        let what = format!("register {:?}", name.as_str());
+        Box::pin(self.watch_keys(EtcdShared::register_key(name), None, key.clone(), key, what))
     }
 
     fn has_rate_limiters(&self) -> bool {
@@ -127,35 +85,40 @@ impl ElectionLayout for EtcdBackend {
 }
 
 impl EtcdBackend {
-    /// [`ElectionLayout::watch_leader`]: a watch on the election's keys,
-    /// whose every put or delete may change the leader or its value.
-    async fn watch_election(&self, name: &LockName, wake: &str) -> Result<()> {
+    /// Watches `key` (with `options`: a prefix, say) from now, once the
+    /// server has said the watch exists (every write after that has a
+    /// later revision, and comes to it), and wakes `wake` at the first
+    /// change; known as `id` among the client's watches, and kept only
+    /// while nobody else's watch of that id waits.
+    async fn watch_keys(
+        &self,
+        key: Vec<u8>,
+        options: Option<WatchOptions>,
+        id: String,
+        wake: String,
+        what: String,
+    ) -> Result<()> {
         let inner = &self.inner;
-        let id = format!("{wake}\u{1}election");
         if inner.register_watches.armed(&id) {
             return Ok(());
         }
-        let prefix = prefix_of(name)?;
         let mut etcd = inner.etcd.clone();
-        let options = WatchOptions::new().with_prefix();
-        let mut stream = etcd
-            .watch(prefix, Some(options))
-            .await
-            .map_err(|e| inner.err(e))?;
+        let mut stream = etcd.watch(key, options).await.map_err(|e| inner.err(e))?;
         match stream.message().await {
             Ok(Some(m)) if m.created() && !m.canceled() => {}
             Ok(_) => {
                 return Err(Error::unavailable(format!(
-                    "etcd at {} did not create a watch on election {:?}",
-                    inner.label,
-                    name.as_str()
+                    "etcd at {} did not create a watch on {what}",
+                    inner.label
                 )));
             }
             Err(e) => return Err(inner.err(e)),
         }
         inner
             .register_watches
-            .keep_as(&inner.wakeups, id, wake.to_owned(), async move {
+            .keep_as(&inner.wakeups, id, wake, async move {
+                // A message with events is a change; an error, the end of
+                // the stream or a cancel may have lost one: wake all the same.
                 while let Ok(Some(m)) = stream.message().await {
                     if m.canceled() || !m.events().is_empty() {
                         break;
@@ -163,6 +126,17 @@ impl EtcdBackend {
                 }
             });
         Ok(())
+    }
+
+    /// [`ElectionLayout::watch_leader`]: a watch on the election's keys,
+    /// whose every put or delete may change the leader or its value.
+    async fn watch_election(&self, name: &LockName, wake: &str) -> Result<()> {
+        let prefix = prefix_of(name)?;
+        let options = Some(WatchOptions::new().with_prefix());
+        let id = format!("{wake}\u{1}election");
+        let what = format!("election {:?}", name.as_str());
+        self.watch_keys(prefix, options, id, wake.to_owned(), what)
+            .await
     }
 }
 

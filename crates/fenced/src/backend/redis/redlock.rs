@@ -404,14 +404,6 @@ impl Store for RedLockBackend {
         Box::pin(self.nodes[0].register_add_inner(name, delta))
     }
 
-    fn rate_acquire<'a>(
-        &'a self,
-        _name: &'a LockName,
-        _cost: crate::spi::rate::RateCost,
-    ) -> Reply<'a, Option<std::time::Duration>> {
-        crate::spi::rate::refused(self.scheme())
-    }
-
     fn has_rate_limiters(&self) -> bool {
         // No one server: each master keeps its own clock and state.
         false

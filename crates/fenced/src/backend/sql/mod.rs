@@ -211,14 +211,27 @@ pub(crate) struct Watching(std::sync::Mutex<std::collections::HashMap<String, st
 impl Watching {
     /// Whether `key`'s row is due a refresh: not refreshed within the
     /// last fallback period.
-    pub(crate) fn due(&self, key: &str) -> bool {
+    fn due(&self, key: &str) -> bool {
         let period = crate::core::acquire::MAX_FALLBACK;
         let watching = crate::spi::sync::unpoisoned(&self.0);
         watching.get(key).is_none_or(|at| at.elapsed() >= period)
     }
 
+    /// Runs `refresh` if `key`'s row is due one, and marks it refreshed
+    /// once it has been.
+    pub(crate) async fn refresh<F>(&self, key: &str, refresh: F) -> crate::error::Result<()>
+    where
+        F: std::future::Future<Output = crate::error::Result<()>>,
+    {
+        if self.due(key) {
+            refresh.await?;
+            self.refreshed(key);
+        }
+        Ok(())
+    }
+
     /// `key`'s row was refreshed (or made) just now.
-    pub(crate) fn refreshed(&self, key: &str) {
+    fn refreshed(&self, key: &str) {
         let mut watching = crate::spi::sync::unpoisoned(&self.0);
         watching.retain(|_, at| at.elapsed() < crate::spi::lease::QUEUE_TTL);
         watching.insert(key.to_owned(), std::time::Instant::now());

@@ -115,14 +115,6 @@ impl Store for ZkBackend {
         })
     }
 
-    fn rate_acquire<'a>(
-        &'a self,
-        _name: &'a LockName,
-        _cost: crate::spi::rate::RateCost,
-    ) -> Reply<'a, Option<std::time::Duration>> {
-        crate::spi::rate::refused(self.scheme())
-    }
-
     fn has_rate_limiters(&self) -> bool {
         // ZooKeeper tells a client its time only in the stat of a write.
         false

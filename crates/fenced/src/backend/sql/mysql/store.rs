@@ -55,12 +55,8 @@ impl Store for MySqlBackend {
         Box::pin(async move {
             // Known by its whole wake key; its row's name may be cut short.
             let id = register_key(name.as_str());
-            if !self.watching.due(&id) {
-                return Ok(());
-            }
-            self.refresh_watcher(&watcher_row(name)).await?;
-            self.watching.refreshed(&id);
-            Ok(())
+            let row = watcher_row(name);
+            self.watching.refresh(&id, self.refresh_watcher(&row)).await
         })
     }
 

@@ -45,12 +45,9 @@ impl Store for SqliteBackend {
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(async move {
             let key = register_key(name.as_str());
-            if !self.watching.due(&key) {
-                return Ok(());
-            }
-            self.refresh_watcher(&key).await?;
-            self.watching.refreshed(&key);
-            Ok(())
+            self.watching
+                .refresh(&key, self.refresh_watcher(&key))
+                .await
         })
     }
 
