@@ -399,6 +399,39 @@ impl Sequence {
 
 #[cfg(test)]
 mod tests {
+    /// A write wakes a watcher of another client at once: on the paused
+    /// clock, before the first look of its own (two seconds on), which a
+    /// watcher that missed the notification would need.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_wakes_watchers_before_their_own_look() {
+        let ns = format!("memory://watch-{}", uuid::Uuid::new_v4().simple());
+        let (a, b) = (
+            crate::Client::connect(&ns).await.unwrap(),
+            crate::Client::connect(&ns).await.unwrap(),
+        );
+        let mut watch = b.counter("watched").unwrap().watch().await.unwrap();
+        let waiting = tokio::spawn(async move { watch.changed().await });
+        tokio::task::yield_now().await;
+        a.counter("watched").unwrap().add(2).await.unwrap();
+        let got = tokio::time::timeout(crate::core::acquire::MAX_FALLBACK / 2, waiting)
+            .await
+            .expect("woken by the write, not by a look of its own")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, 2);
+        let gate = a.barrier("gate").unwrap();
+        gate.set().await.unwrap();
+        let waiter = b.barrier("gate").unwrap();
+        let waiting = tokio::spawn(async move { waiter.wait().await });
+        tokio::task::yield_now().await;
+        gate.remove().await.unwrap();
+        tokio::time::timeout(crate::core::acquire::MAX_FALLBACK / 2, waiting)
+            .await
+            .expect("woken by the removal")
+            .unwrap()
+            .unwrap();
+    }
+
     /// Many tasks at once go past their optimistic tries and take turns
     /// on the counter's lock: every increment lands, each seeing a value
     /// of its own.

@@ -31,11 +31,16 @@ pub(crate) const SCHEMA: &[&str] = &[
         value LONGBLOB NOT NULL,
         fence BIGINT NOT NULL
     ) ENGINE = InnoDB",
-    "CREATE TABLE IF NOT EXISTS fenced_rates (
+];
+
+/// The rate limiters' table, made on a limiter's first use, not with the
+/// others: a role that may only read and write the tables an older fenced
+/// made still connects (and gets an error naming the table only if it
+/// uses a rate limiter).
+pub(super) const RATES_TABLE: &str = "CREATE TABLE IF NOT EXISTS fenced_rates (
         name   VARBINARY(512) PRIMARY KEY,
         tat_us BIGINT NOT NULL
-    ) ENGINE = InnoDB",
-];
+    ) ENGINE = InnoDB";
 
 /// A rate limiter's state (see `spi::rate`), locked, with the server's
 /// time in µs.

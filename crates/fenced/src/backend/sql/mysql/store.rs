@@ -93,6 +93,18 @@ impl MySqlBackend {
         let mut tries = 1;
         loop {
             match self.rate_once(name, cost).await {
+                // The first limiter of this database: make its table.
+                Err(e)
+                    if tries < TRIES
+                        && e.as_database_error().and_then(|d| d.code()).as_deref()
+                            == Some("42S02") =>
+                {
+                    sqlx::query(RATES_TABLE)
+                        .execute(&self.pool)
+                        .await
+                        .map_err(|e| self.db(e))?;
+                    tries += 1;
+                }
                 Err(e)
                     if tries < TRIES
                         && e.as_database_error()
