@@ -24,6 +24,14 @@ pub struct Findings {
     /// that overwrote each other (negative: a killed worker's write was
     /// accepted but never recorded).
     pub lost_updates: i64,
+    /// Of those, the ones a write sent after its own hold's lost signal
+    /// took part in: workers write on after the signal on purpose (a
+    /// refused late write is what fencing is for), and a late write the
+    /// register takes because the next holder has read but not yet
+    /// written overwrites that holder's increment. The library told the
+    /// writer first, so that is the writer's breach, not the lock's (I2
+    /// counts `lost_updates` less these).
+    pub lost_updates_after_signal: i64,
     /// Acquisitions whose token was below one granted before they asked (I7).
     pub token_regressions: u64,
     /// Lost signals that fired.
@@ -108,6 +116,8 @@ struct Hold {
     token: u64,
     refused: bool,
     lost: bool,
+    /// When its lost signal fired.
+    lost_at: Option<u64>,
 }
 
 #[derive(Default)]
@@ -141,6 +151,9 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
     let mut workers: std::collections::HashMap<u32, WorkerState> = Default::default();
     let mut grants: Vec<(u64, u64, u64, u32)> = Vec::new(); // (t, asked, token, w)
     let mut accepted: Vec<(u64, u64, u64)> = Vec::new(); // (t, sent, token)
+    // Per value written: how many accepted writes wrote it, and how many
+    // of those were sent after their hold's lost signal.
+    let mut values: std::collections::HashMap<i64, (i64, i64)> = Default::default();
     let mut probes: Vec<(u64, u64, &[u64], u32)> = Vec::new(); // (sent, t, named, holders)
     let mut signals: Vec<u64> = Vec::new(); // when lost signals fired
     let mut released: std::collections::HashMap<u64, u64> = Default::default(); // token -> called
@@ -160,6 +173,7 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
                     token: *token,
                     refused: false,
                     lost: false,
+                    lost_at: None,
                 });
                 st.open = Some(holds.len() - 1);
                 st.last = st.open;
@@ -169,10 +183,19 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
                 token,
                 sent,
                 accepted: ok,
-                ..
+                value,
             } => {
                 if *ok {
                     accepted.push((e.t, *sent, *token));
+                    let late = st
+                        .last
+                        .map(|i| &holds[i])
+                        .filter(|h| h.token == *token)
+                        .and_then(|h| h.lost_at)
+                        .is_some_and(|at| at <= *sent);
+                    let v = values.entry(*value).or_default();
+                    v.0 += 1;
+                    v.1 += i64::from(late);
                 } else {
                     f.stale_rejected += 1;
                     if let Some(h) = st.last.map(|i| &mut holds[i]).filter(|h| h.token == *token) {
@@ -185,6 +208,7 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
                 signals.push(e.t);
                 if let Some(i) = st.last {
                     holds[i].lost = true;
+                    holds[i].lost_at.get_or_insert(e.t);
                 }
                 close(st, &mut holds);
             }
@@ -220,6 +244,13 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
     f.overlap_ms = episodes.iter().map(|(a, b)| b - a).sum::<u64>() as f64 / 1e6;
     f.writes_accepted = accepted.len() as u64;
     f.lost_updates = accepted.len() as i64 - counter;
+    // Each value written k times lost k - 1 increments; those a late
+    // write took part in are the late writer's.
+    f.lost_updates_after_signal = values
+        .values()
+        .map(|&(k, late)| (k - 1).min(late).max(0))
+        .sum::<i64>()
+        .min(f.lost_updates.max(0));
     // I1: a write is stale if a higher token's write had been accepted
     // before it was sent.
     f.stale_accepted = count_below_earlier_max(
@@ -585,6 +616,49 @@ mod tests {
         assert_eq!(f.token_regressions, 1);
         assert_eq!(f.lost_updates, 1);
         assert_eq!(f.signals_missing, 1);
+    }
+
+    /// A worker told its hold was lost writes on (as workers do): the
+    /// register takes it, since the next holder has read but not yet
+    /// written, and the next holder's increment is overwritten. That lost
+    /// update is the late writer's; one whose writes were both sent
+    /// before any signal is the lock's.
+    #[test]
+    fn a_write_after_the_lost_signal_owns_its_lost_update() {
+        let lost = |t: u64, w: u32| {
+            ev(
+                t,
+                w,
+                Kind::Lost {
+                    reason: "lease expired".into(),
+                },
+            )
+        };
+        let h = vec![
+            acq(10, 1, 5),
+            lost(20, 1),
+            acq(21, 2, 6),
+            // Worker 1 read 0 before its signal and writes 1 after it;
+            // worker 2 read 0 too.
+            write(24, 1, 5, 1, true),
+            write(26, 2, 6, 1, true),
+            rel(27, 2),
+            rel(28, 1),
+        ];
+        let f = check(&h, 1);
+        assert_eq!((f.lost_updates, f.lost_updates_after_signal), (1, 1));
+        // The same writes, both sent before any signal: the lock's.
+        let h = vec![
+            acq(10, 1, 5),
+            write(22, 1, 5, 1, true),
+            acq(21, 2, 6),
+            write(26, 2, 6, 1, true),
+            rel(27, 2),
+            lost(28, 1),
+            rel(29, 1),
+        ];
+        let f = check(&h, 1);
+        assert_eq!((f.lost_updates, f.lost_updates_after_signal), (1, 0));
     }
 
     #[test]
