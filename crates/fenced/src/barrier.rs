@@ -382,6 +382,8 @@ struct Rounds {
     emptied: u64,
     members: Vec<u64>,
     withdrawn: Vec<u64>,
+    /// The register's version it was read at: what a write of it
+    /// compares against.
     version: u64,
 }
 
@@ -524,7 +526,7 @@ impl DoubleBarrier {
                         ..rounds
                     };
                     // A lost race: another write came; look again.
-                    if self.write(&rounds, &filled).await? {
+                    if self.write(&filled).await? {
                         return Ok(Some((filled.round, filled.members)));
                     }
                 }
@@ -546,24 +548,20 @@ impl DoubleBarrier {
             let holders: Vec<u64> = (self.members.status().await?.holders.iter())
                 .map(|h| h.token)
                 .collect();
-            let mut after = Rounds {
-                members: rounds.members.clone(),
-                withdrawn: rounds.withdrawn.clone(),
-                ..rounds
-            };
+            let mut after = rounds;
             after.withdrawn.retain(|t| holders.contains(t));
             after.withdrawn.push(me);
-            if self.write(&rounds, &after).await? {
+            if self.write(&after).await? {
                 return Ok(None);
             }
         }
         Err(too_contended(&format!("double barrier {:?}", self.name())))
     }
 
-    /// Writes `after` over `before` by compare-and-set on its version.
-    async fn write(&self, before: &Rounds, after: &Rounds) -> Result<bool> {
+    /// Writes `rounds` by compare-and-set on the version it was read at.
+    async fn write(&self, rounds: &Rounds) -> Result<bool> {
         self.rounds
-            .compare_and_set(before.version, after.text())
+            .compare_and_set(rounds.version, rounds.text())
             .await
     }
 
@@ -604,7 +602,7 @@ impl DoubleBarrier {
     /// entered or left. A lost race means another write woke them.
     async fn poke(&self) -> Result<()> {
         let rounds = self.rounds().await?;
-        self.write(&rounds, &rounds).await.map(drop)
+        self.write(&rounds).await.map(drop)
     }
 }
 
@@ -659,12 +657,10 @@ impl Member {
                 if !holders.iter().any(|h| mates.contains(&h.token)) {
                     let emptied = Rounds {
                         emptied: round,
-                        members: rounds.members.clone(),
-                        withdrawn: rounds.withdrawn.clone(),
                         ..rounds
                     };
                     // A lost race: another write came; look again.
-                    if b.write(&rounds, &emptied).await? {
+                    if b.write(&emptied).await? {
                         return Ok(Some(()));
                     }
                 }
