@@ -138,7 +138,8 @@ macro_rules! conformance_suite {
             a_thousand_waiters_of_one_client, waiters_of_one_client_outlast_leaked_holds,
             list_shows_what_is_held_or_waited_for, holders_say_who_they_are,
             counters_and_sequences_count_every_change, watchers_are_woken_by_writes,
-            rate_limiters_admit_the_burst_then_the_rate, elections_are_observed_and_lead_work
+            rate_limiters_admit_the_burst_then_the_rate, elections_are_observed_and_lead_work,
+            queues_deliver_every_item_leased
         ]);
     };
     (@group rw, $fixture:expr) => {

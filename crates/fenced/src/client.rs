@@ -257,6 +257,11 @@ impl Client {
         crate::RateLimiter::new(self, name, rate, burst)
     }
 
+    /// A leased work queue (see [`Queue`](crate::Queue)).
+    pub fn queue(&self, name: &str) -> Result<crate::Queue> {
+        crate::Queue::new(self, name)
+    }
+
     /// A leader election on `name` (see [`Election`](crate::Election)).
     pub fn election(&self, name: &str) -> Result<crate::Election> {
         crate::Election::new(self, name)

@@ -96,6 +96,11 @@ impl Counter {
         self.value.name()
     }
 
+    /// The counter's register, checked.
+    pub(crate) fn lock_name(&self) -> &crate::name::LockName {
+        self.value.lock_name()
+    }
+
     /// The value; 0 if never changed.
     ///
     /// # Errors

@@ -111,6 +111,7 @@ mod mutex;
 mod name;
 mod options;
 mod owner;
+mod queue;
 mod rate;
 mod semaphore;
 #[cfg(test)]
@@ -182,6 +183,7 @@ pub use crate::mutex::Mutex;
 pub use crate::name::{LockName, MAX_NAME_LEN};
 pub use crate::options::{DEFAULT_LEASE, Lease, LockOptions, MAX_LEASE, MAX_PERMITS, MIN_LEASE};
 pub use crate::owner::{MAX_OWNER_LEN, Owner};
+pub use crate::queue::{Item, MAX_ITEM_LEN, MAX_TAKERS, Queue};
 pub use crate::rate::{MAX_BURST, RateDecision, RateLimiter};
 pub use crate::semaphore::Semaphore;
 pub use crate::striped::{MAX_SEGMENTS, StripedLock};

@@ -71,6 +71,7 @@ pub const TESTS: &[&str] = &[
     "double_barriers_wait_for_every_member",
     "rate_limiters_admit_the_burst_then_the_rate",
     "elections_are_observed_and_lead_work",
+    "queues_deliver_every_item_leased",
     "processes_share_counters_and_sequences",
 ];
 
@@ -2142,6 +2143,171 @@ pub async fn killed_holder_process_frees_lock(fx: &Fixture) {
         .await
         .unwrap();
     assert!(got.is_some(), "a killed holder's lease must free the lock");
+}
+
+/// A work queue: every item pushed by tasks of two clients is taken
+/// exactly once by takers of both (three of them sharing one handle), in
+/// push order for one taker; an item given back or dropped comes back
+/// with a higher token; a taker that died gives its item back when its
+/// lease ends; and once every item is finished nothing is left behind.
+pub async fn queues_deliver_every_item_leased(fx: &Fixture) {
+    const PUSHERS: usize = 4;
+    const EACH: usize = 10;
+    let hang = Duration::from_secs(60);
+    let (a, b) = fx.two_clients().await;
+
+    // Bad input: refused, nothing pushed.
+    let name = unique("queue");
+    let q = a.queue(&name).unwrap();
+    let e = q
+        .push(vec![0u8; fenced::MAX_ITEM_LEN + 1])
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    let e = a.queue(&"q".repeat(fenced::MAX_NAME_LEN)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(
+        q.try_take().await.unwrap().is_none(),
+        "an empty queue gave an item"
+    );
+    assert_eq!(q.len().await.unwrap(), 0);
+
+    // One taker gets the items in push order.
+    for i in 0..5 {
+        q.push(format!("fifo-{i}")).await.unwrap();
+    }
+    for i in 0..5 {
+        let item = q.take_timeout(hang).await.unwrap().expect("an item");
+        assert_eq!(item.payload(), format!("fifo-{i}").as_bytes());
+        assert_eq!(item.deliveries(), 1);
+        item.ack().await.unwrap();
+    }
+
+    // Pushers and takers of both clients at once: three takers share a's
+    // handle, three have handles of their own on b.
+    let taken = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let shared = a.queue(&name).unwrap();
+    let mut takers = Vec::new();
+    for t in 0..6 {
+        let q = if t < 3 {
+            shared.clone()
+        } else {
+            b.queue(&name).unwrap()
+        };
+        let taken = taken.clone();
+        takers.push(tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + hang;
+            while taken.lock().unwrap().len() < PUSHERS * EACH {
+                assert!(tokio::time::Instant::now() < until, "items never came");
+                let Some(item) = q.take_timeout(Duration::from_millis(200)).await.unwrap() else {
+                    continue;
+                };
+                assert_eq!(
+                    item.deliveries(),
+                    1,
+                    "nothing failed, yet an item came again"
+                );
+                taken.lock().unwrap().push(item.payload().to_vec());
+                item.ack().await.unwrap();
+            }
+        }));
+    }
+    let mut pushers = Vec::new();
+    for p in 0..PUSHERS {
+        let q = if p % 2 == 0 { &a } else { &b }.queue(&name).unwrap();
+        pushers.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..EACH {
+                ids.push(q.push(format!("{p}-{i}")).await.unwrap());
+            }
+            ids
+        }));
+    }
+    for p in pushers {
+        let ids = p.await.unwrap();
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "one pusher's ids fell: {ids:?}"
+        );
+    }
+    for t in takers {
+        t.await.unwrap();
+    }
+    let mut got = std::mem::take(&mut *taken.lock().unwrap());
+    got.sort();
+    let mut want: Vec<Vec<u8>> = (0..PUSHERS)
+        .flat_map(|p| (0..EACH).map(move |i| format!("{p}-{i}").into_bytes()))
+        .collect();
+    want.sort();
+    assert_eq!(got, want, "every item exactly once");
+
+    // Given back, then dropped: it comes back, its token higher each time.
+    q.push("again").await.unwrap();
+    let first = q.take_timeout(hang).await.unwrap().expect("an item");
+    let token = first.fencing_token();
+    assert!(first.release().await.unwrap());
+    let second = b
+        .queue(&name)
+        .unwrap()
+        .take_timeout(hang)
+        .await
+        .unwrap()
+        .expect("given back");
+    assert_eq!((second.payload(), second.deliveries()), (&b"again"[..], 2));
+    assert!(second.fencing_token() > token);
+    let token = second.fencing_token();
+    drop(second);
+    let third = q
+        .take_timeout(hang)
+        .await
+        .unwrap()
+        .expect("dropped, so given back");
+    assert_eq!(third.deliveries(), 3);
+    assert!(third.fencing_token() > token);
+    third.ack().await.unwrap();
+
+    // A taker that dies holding an item: its runtime ends (no watchdog,
+    // no release) and then its connections close, as a killed process's
+    // do; the item comes back once its lease has ended.
+    q.push("orphan").await.unwrap();
+    let (url, queue) = (a.url().to_owned(), name.clone());
+    let token = std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let (token, dead) = rt.block_on(async {
+            let c = fenced::Client::connect(&url).await.unwrap();
+            let q = c.queue(&queue).unwrap().lease(Duration::from_millis(500));
+            let item = q.take_timeout(hang).await.unwrap().expect("an item");
+            assert_eq!(item.payload(), b"orphan");
+            (item.fencing_token(), (item, q, c))
+        });
+        rt.shutdown_background();
+        drop(dead);
+        token
+    })
+    .join()
+    .unwrap();
+    let back = b
+        .queue(&name)
+        .unwrap()
+        .take_timeout(hang)
+        .await
+        .unwrap()
+        .expect("back after the lease");
+    assert_eq!((back.payload(), back.deliveries()), (&b"orphan"[..], 2));
+    assert!(back.fencing_token() > token);
+    back.ack().await.unwrap();
+
+    // Finished: nothing waits, and the items' registers are gone.
+    assert_eq!(q.len().await.unwrap(), 0);
+    assert!(q.try_take().await.unwrap().is_none());
+    for id in [1, PUSHERS * EACH] {
+        let item = a.versioned(&format!("{name}:item:{id}")).unwrap();
+        assert_eq!(
+            item.read().await.unwrap(),
+            None,
+            "item {id} was left behind"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -432,6 +432,16 @@ impl Store for MemoryBackend {
         })
     }
 
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let gone = self.registers().remove(name).is_some();
+            if gone {
+                self.store.wake(&register_key(name.as_str()));
+            }
+            Ok(gone)
+        })
+    }
+
     fn watch_register<'a>(&'a self, _name: &'a LockName) -> Reply<'a, ()> {
         // Every write above wakes every client of the namespace.
         Box::pin(async { Ok(()) })

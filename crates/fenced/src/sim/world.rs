@@ -621,6 +621,11 @@ impl Store for SimBackend {
         self.send(move |w| async move { w.server.register_decrement(&name, by).await })
     }
 
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        let name = name.clone();
+        self.send(move |w| async move { w.server.register_delete(&name).await })
+    }
+
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         let name = name.clone();
         self.send(move |w| async move { w.server.watch_register(&name).await })

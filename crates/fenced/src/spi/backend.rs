@@ -176,6 +176,9 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// latency, never progress: waiters also look again on their own.
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()>;
 
+    /// Deletes the register; whether it was there. Its watchers are told.
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool>;
+
     /// One decision of the rate limiter `name` by the server's clock (see
     /// [`gcra`](crate::spi::rate::gcra)): `None` when granted (the state
     /// moved on), else how long until it would be (nothing changed). In

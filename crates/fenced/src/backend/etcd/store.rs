@@ -26,6 +26,18 @@ impl Store for EtcdBackend {
         })
     }
 
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let mut etcd = inner.etcd.clone();
+            let r = etcd
+                .delete(EtcdShared::register_key(name), None)
+                .await
+                .map_err(|e| inner.err(e))?;
+            Ok(r.deleted() > 0)
+        })
+    }
+
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         let key = register_key(name.as_str());
         let what = format!("register {:?}", name.as_str());

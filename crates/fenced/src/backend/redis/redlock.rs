@@ -400,6 +400,10 @@ impl Store for RedLockBackend {
         Box::pin(self.nodes[0].watch_register_inner(name))
     }
 
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        Box::pin(self.nodes[0].register_delete_inner(name))
+    }
+
     fn register_add<'a>(&'a self, name: &'a LockName, delta: i64) -> Reply<'a, Option<i64>> {
         Box::pin(self.nodes[0].register_add_inner(name, delta))
     }

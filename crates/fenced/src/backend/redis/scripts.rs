@@ -575,6 +575,14 @@ redis.call('PUBLISH', ARGV[2], '1')
 return r
 "#;
 
+/// Deletes a register and tells its watchers. KEYS: register. ARGV:
+/// the register's channel. Returns 1 if it was there.
+const REGISTER_DELETE: &str = r#"
+local n = redis.call('DEL', KEYS[1])
+if n == 1 then redis.call('PUBLISH', ARGV[1], '1') end
+return n
+"#;
+
 /// A rate limiter's decision (see `spi::rate`) by the server's clock.
 /// KEYS: the limiter's key, its TAT in µs. ARGV: cost, tolerance (µs).
 /// Returns 0 when granted, else the µs to wait. The times stay below
@@ -608,6 +616,7 @@ pub(super) struct Scripts {
     pub(super) register_swap: redis::Script,
     pub(super) rate: redis::Script,
     pub(super) register_add: redis::Script,
+    pub(super) register_delete: redis::Script,
 }
 
 impl Scripts {
@@ -639,6 +648,7 @@ impl Scripts {
             register_swap: redis::Script::new(REGISTER_SWAP),
             rate: redis::Script::new(RATE),
             register_add: redis::Script::new(REGISTER_ADD),
+            register_delete: redis::Script::new(REGISTER_DELETE),
         }
     }
 }

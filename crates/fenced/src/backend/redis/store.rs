@@ -117,6 +117,22 @@ impl RedisBackend {
 }
 
 impl RedisBackend {
+    pub(super) async fn register_delete_inner(&self, name: &LockName) -> Result<bool> {
+        let k = Keys::of(name)?;
+        let n: i64 = self
+            .node
+            .run(|mut c| async move {
+                self.scripts
+                    .register_delete
+                    .key(&k.register)
+                    .arg(&k.register_channel)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
     pub(super) async fn register_add_inner(
         &self,
         name: &LockName,
@@ -182,6 +198,10 @@ impl Store for RedisBackend {
 
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(self.watch_register_inner(name))
+    }
+
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        Box::pin(self.register_delete_inner(name))
     }
 
     fn rate_acquire<'a>(

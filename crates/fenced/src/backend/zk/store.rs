@@ -90,6 +90,18 @@ impl Store for ZkBackend {
         })
     }
 
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let path = format!("{REGISTERS}/{}", name.as_str());
+            match inner.client().delete(&path, None).await {
+                Ok(()) => Ok(true),
+                Err(zk::Error::NoNode) => Ok(false),
+                Err(e) => Err(inner.err(e)),
+            }
+        })
+    }
+
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(async move {
             let inner = &self.inner;

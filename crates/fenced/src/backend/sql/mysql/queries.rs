@@ -148,6 +148,7 @@ pub(super) const REFRESH_WATCHER: &str = "UPDATE fenced_waiters
 /// ?: key, bell, ttl ms.
 pub(super) const INSERT_WATCHER: &str = "INSERT INTO fenced_waiters (name, fair, bell, expires_ms)
     VALUES (?, 0, ?, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) + ?)";
+pub(super) const REGISTER_DELETE: &str = "DELETE FROM fenced_registers WHERE name = ?";
 /// Drops the lapsed places of every register watcher: their names begin
 /// with the byte 0x01, which no lock name has.
 pub(super) const PURGE_WATCHERS: &str = "DELETE FROM fenced_waiters

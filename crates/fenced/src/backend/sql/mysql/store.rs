@@ -51,6 +51,21 @@ impl Store for MySqlBackend {
         })
     }
 
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let r = sqlx::query(REGISTER_DELETE)
+                .bind(name.as_str())
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            let gone = r.rows_affected() == 1;
+            if gone {
+                self.ring_watchers(name).await;
+            }
+            Ok(gone)
+        })
+    }
+
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(async move {
             // Known by its whole wake key; its row's name may be cut short.

@@ -165,6 +165,10 @@ impl Store for MySqlAdvisory {
         self.shared.table.watch_register(name)
     }
 
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        self.shared.table.register_delete(name)
+    }
+
     fn rate_acquire<'a>(
         &'a self,
         name: &'a LockName,

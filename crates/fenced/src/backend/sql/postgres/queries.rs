@@ -222,6 +222,7 @@ pub(super) const STATUS_WAITERS: &str = "SELECT
 pub(super) const FORCE: &str = "WITH d AS (DELETE FROM fenced_holds WHERE name = $1 RETURNING 1),
     w AS (SELECT pg_notify('fenced_wake', $1))
     SELECT (SELECT count(*) FROM d) AS n, (SELECT count(*) FROM w) AS notified";
+pub(super) const REGISTER_DELETE: &str = "DELETE FROM fenced_registers WHERE name = $1";
 pub(super) const REGISTER_READ: &str = "SELECT value, fence FROM fenced_registers WHERE name = $1";
 /// The register's writes (see [`RegisterSql`](super::super::RegisterSql)).
 pub(super) const REGISTER_SQL: super::super::RegisterSql = super::super::RegisterSql {

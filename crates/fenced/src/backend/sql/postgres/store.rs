@@ -47,6 +47,21 @@ impl Store for PgBackend {
         })
     }
 
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let r = sqlx::query(REGISTER_DELETE)
+                .bind(name.as_str())
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.db(e))?;
+            let gone = r.rows_affected() == 1;
+            if gone {
+                self.notify_later(register_key(name.as_str()));
+            }
+            Ok(gone)
+        })
+    }
+
     fn watch_register<'a>(&'a self, _name: &'a LockName) -> Reply<'a, ()> {
         // The listener hears every NOTIFY on the channel, writes' too.
         Box::pin(async { Ok(()) })

@@ -166,6 +166,10 @@ impl Store for PgAdvisory {
         self.table.watch_register(name)
     }
 
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        self.table.register_delete(name)
+    }
+
     fn register_add<'a>(&'a self, name: &'a LockName, delta: i64) -> Reply<'a, Option<i64>> {
         self.table.register_add(name, delta)
     }

@@ -109,6 +109,7 @@ pub(super) const FORGET_ADDR: &str = "DELETE FROM fenced_waiters WHERE wake_addr
 pub(super) const COUNT_WAITERS: &str =
     "SELECT COUNT(*) FROM fenced_waiters WHERE name = ?1 AND expires_ms > ?2";
 pub(super) const FORCE_RELEASE: &str = "DELETE FROM fenced_holds WHERE name = ?1";
+pub(super) const REGISTER_DELETE: &str = "DELETE FROM fenced_registers WHERE name = ?1";
 pub(super) const REGISTER_READ: &str =
     "SELECT CAST(value AS BLOB) AS value, fence FROM fenced_registers WHERE name = ?1";
 /// The register's writes (see [`RegisterSql`](super::super::RegisterSql)).

@@ -42,6 +42,21 @@ impl Store for SqliteBackend {
         })
     }
 
+    fn register_delete<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        Box::pin(async move {
+            let r = q(REGISTER_DELETE)
+                .bind(name.as_str())
+                .execute(&self.pool)
+                .await
+                .map_err(db)?;
+            let gone = r.rows_affected() == 1;
+            if gone {
+                self.ring_watchers(name).await;
+            }
+            Ok(gone)
+        })
+    }
+
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(async move {
             let key = register_key(name.as_str());
