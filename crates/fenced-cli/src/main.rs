@@ -106,6 +106,8 @@ enum Command {
     Barrier(recipes::BarrierArgs),
     /// A count-down latch: set N, count-down, count, wait.
     Latch(recipes::LatchArgs),
+    /// A leased work queue: push, take (running CMD on the item), len.
+    Queue(recipes::QueueArgs),
     /// Check what in the backend's settings weakens the guarantees.
     ///
     /// Redis persistence and eviction, PostgreSQL's synchronous_commit
@@ -316,6 +318,7 @@ fn main() -> ExitCode {
             Command::Seq(args) => recipes::seq(backend, args).await,
             Command::Barrier(args) => recipes::barrier(backend, args).await,
             Command::Latch(args) => recipes::latch(backend, args).await,
+            Command::Queue(args) => recipes::queue(backend, args).await,
             Command::Doctor(args) => doctor::doctor(backend, args).await,
             Command::Demo(demo) => demo::demo(backend, demo).await,
             Command::DemoWorker(args) => demo::worker(backend, args).await,

@@ -1,5 +1,5 @@
-//! `fenced counter`, `seq`, `barrier` and `latch`: the coordination
-//! recipes, for scripts.
+//! `fenced counter`, `seq`, `barrier`, `latch` and `queue`: the
+//! coordination recipes, for scripts.
 
 use crate::{EXIT_NOT_ACQUIRED, connect, parse_duration};
 use clap::{Args, Subcommand};
@@ -99,6 +99,46 @@ enum LatchOp {
     /// Wait until the count is zero. Exits 0 then, 75 if it is not after
     /// --timeout.
     Wait(WaitArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct QueueArgs {
+    /// The queue's name.
+    name: String,
+    #[command(subcommand)]
+    op: QueueOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum QueueOp {
+    /// Add an item (VALUE, or standard input without it) and print its id.
+    Push {
+        #[arg(value_name = "VALUE")]
+        value: Option<String>,
+    },
+    /// Take the oldest item nobody holds.
+    ///
+    /// Without CMD: print it to standard output and finish it. With CMD:
+    /// run CMD with the item on its standard input and FENCED_QUEUE,
+    /// FENCED_ITEM (its id), FENCED_TOKEN (this delivery's fencing token)
+    /// and FENCED_DELIVERIES set; finish the item if CMD exits 0, give it
+    /// back to the queue otherwise, and exit with CMD's code. If this
+    /// process dies, the item goes back when --lease ends; if the lease
+    /// is lost while CMD runs, CMD is killed (exit 76). Exits 75 if no
+    /// item came within --timeout.
+    Take {
+        #[command(flatten)]
+        wait: WaitArgs,
+        /// The taker's lease, renewed every third of it while CMD runs.
+        #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION",
+              allow_hyphen_values = true)]
+        lease: Duration,
+        /// The command and its arguments.
+        #[arg(last = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// Print how many items wait or are taken.
+    Len,
 }
 
 #[derive(Args, Debug)]
@@ -235,4 +275,73 @@ fn waited(open: bool, what: &str, name: &str, still: &str) -> ExitCode {
     }
     eprintln!("fenced: {what} {name:?}: {still} when the wait ran out");
     ExitCode::from(EXIT_NOT_ACQUIRED)
+}
+
+pub(crate) async fn queue(backend: Option<String>, args: QueueArgs) -> anyhow::Result<ExitCode> {
+    with_client(backend, |client| async move {
+        let queue = client.queue(&args.name)?;
+        match args.op {
+            QueueOp::Push { value } => {
+                let value = match value {
+                    Some(v) => v.into_bytes(),
+                    None => {
+                        let mut v = Vec::new();
+                        std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)?;
+                        v
+                    }
+                };
+                println!("{}", queue.push(value).await?);
+                Ok(ExitCode::SUCCESS)
+            }
+            QueueOp::Len => {
+                println!("{}", queue.len().await?);
+                Ok(ExitCode::SUCCESS)
+            }
+            QueueOp::Take { wait, lease, cmd } => {
+                let queue = queue.lease(lease);
+                let item = match wait.timeout {
+                    None => Some(queue.take().await?),
+                    Some(d) => queue.take_timeout(d).await?,
+                };
+                let Some(item) = item else {
+                    eprintln!("fenced: queue {:?}: no item within the wait", args.name);
+                    return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
+                };
+                if cmd.is_empty() {
+                    use std::io::Write;
+                    std::io::stdout().write_all(item.payload())?;
+                    std::io::stdout().flush()?;
+                    item.ack().await?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                client.set_command(&crate::run::shown_command(&cmd));
+                let env = [
+                    ("FENCED_QUEUE", args.name.clone()),
+                    ("FENCED_ITEM", item.id().to_string()),
+                    ("FENCED_TOKEN", item.fencing_token().to_string()),
+                    ("FENCED_DELIVERIES", item.deliveries().to_string()),
+                ];
+                let what = format!("the lease of queue {:?}'s item {}", args.name, item.id());
+                let ran = crate::run::supervise(
+                    &cmd,
+                    &env,
+                    Some(item.payload().to_vec()),
+                    item.lost(),
+                    crate::run::OnLost::Kill,
+                    &what,
+                )
+                .await?;
+                match ran {
+                    Some(code) if code == ExitCode::SUCCESS => item.ack().await?,
+                    Some(code) if code == ExitCode::from(crate::EXIT_LOST) => return Ok(code),
+                    other => {
+                        item.release().await?;
+                        return Ok(other.unwrap_or(ExitCode::from(127)));
+                    }
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    })
+    .await
 }

@@ -118,7 +118,7 @@ impl Held {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum OnLost {
+pub(crate) enum OnLost {
     /// Kill CMD (SIGKILL to its process group) and exit 76.
     Kill,
     /// Log a warning and let CMD finish.
@@ -191,45 +191,15 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
     };
     let guard = held.guard();
     let token = guard.fencing_token();
-    let mut cmd = tokio::process::Command::new(&args.cmd[0]);
-    cmd.args(&args.cmd[1..])
-        .env("FENCED_LOCK", &args.name)
-        .env("FENCED_TOKEN", token.to_string())
-        .process_group(0);
-    die_with_parent(&mut cmd);
-    let mut child = cmd.spawn();
-    let child = match child.as_mut() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("fenced: cannot run {:?}: {e}", args.cmd[0]);
-            held.release().await?;
-            return Ok(ExitCode::from(127));
-        }
-    };
-    let pgid = Pid::from_raw(child.id().context("the child has no pid")? as i32);
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sighup = signal(SignalKind::hangup())?;
-    let lost = guard.lost();
-    tokio::pin!(lost);
-    let mut lost_seen = false;
-    let code = loop {
-        tokio::select! {
-            status = child.wait() => break exit_code(status?),
-            reason = &mut lost, if !lost_seen => {
-                lost_seen = true;
-                if args.on_lost == OnLost::Kill {
-                    eprintln!("fenced: lost lock {:?} (token {token}): {reason}; killing the command", args.name);
-                    let _ = killpg(pgid, Signal::SIGKILL);
-                    let _ = child.wait().await;
-                    break ExitCode::from(EXIT_LOST);
-                }
-                eprintln!("fenced: lost lock {:?} (token {token}): {reason}; the command goes on (--on-lost ignore)", args.name);
-            }
-            _ = sigterm.recv() => { let _ = killpg(pgid, Signal::SIGTERM); }
-            _ = sigint.recv() => { let _ = killpg(pgid, Signal::SIGINT); }
-            _ = sighup.recv() => { let _ = killpg(pgid, Signal::SIGHUP); }
-        }
+    let env = [
+        ("FENCED_LOCK", args.name.clone()),
+        ("FENCED_TOKEN", token.to_string()),
+    ];
+    let what = format!("lock {:?} (token {token})", args.name);
+    let Some(code) = supervise(&args.cmd, &env, None, guard.lost(), args.on_lost, &what).await?
+    else {
+        held.release().await?;
+        return Ok(ExitCode::from(127));
     };
     if let Err(e) = held.release().await {
         eprintln!(
@@ -238,6 +208,70 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
         );
     }
     Ok(code)
+}
+
+/// Runs `cmd` with `env` (and `stdin`, if given, on its standard input) in
+/// a process group of its own that dies with fenced, until it exits; if
+/// `lost` fires first, kills it (`OnLost::Kill`: exit 76) or says so.
+/// SIGTERM, SIGINT and SIGHUP are passed on. `None` when `cmd` cannot be
+/// run (said on standard error; the caller exits 127).
+pub(crate) async fn supervise(
+    cmd: &[String],
+    env: &[(&str, String)],
+    stdin: Option<Vec<u8>>,
+    lost: impl std::future::Future<Output = fenced::LostReason>,
+    on_lost: OnLost,
+    what: &str,
+) -> anyhow::Result<Option<ExitCode>> {
+    let mut command = tokio::process::Command::new(&cmd[0]);
+    command
+        .args(&cmd[1..])
+        .envs(env.iter().cloned())
+        .process_group(0);
+    if stdin.is_some() {
+        command.stdin(std::process::Stdio::piped());
+    }
+    die_with_parent(&mut command);
+    let mut child = match command.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fenced: cannot run {:?}: {e}", cmd[0]);
+            return Ok(None);
+        }
+    };
+    if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            // A command that does not read its input closes the pipe:
+            // nothing to report.
+            let _ = pipe.write_all(&bytes).await;
+        });
+    }
+    let pgid = Pid::from_raw(child.id().context("the child has no pid")? as i32);
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    tokio::pin!(lost);
+    let mut lost_seen = false;
+    let code = loop {
+        tokio::select! {
+            status = child.wait() => break exit_code(status?),
+            reason = &mut lost, if !lost_seen => {
+                lost_seen = true;
+                if on_lost == OnLost::Kill {
+                    eprintln!("fenced: lost {what}: {reason}; killing the command");
+                    let _ = killpg(pgid, Signal::SIGKILL);
+                    let _ = child.wait().await;
+                    break ExitCode::from(EXIT_LOST);
+                }
+                eprintln!("fenced: lost {what}: {reason}; the command goes on (--on-lost ignore)");
+            }
+            _ = sigterm.recv() => { let _ = killpg(pgid, Signal::SIGTERM); }
+            _ = sigint.recv() => { let _ = killpg(pgid, Signal::SIGINT); }
+            _ = sighup.recv() => { let _ = killpg(pgid, Signal::SIGHUP); }
+        }
+    };
+    Ok(Some(code))
 }
 
 /// CMD must not outlive fenced: if fenced is killed (SIGKILL, OOM), nobody
@@ -270,7 +304,7 @@ fn exit_code(status: std::process::ExitStatus) -> ExitCode {
 /// X`, `--token=X`, `-pX`, a URL's password) replaced by `***`, since
 /// whoever can read the locks can read the record. The words of an
 /// argument with spaces in it (`sh -c '…'`) are looked at the same way.
-fn shown_command(cmd: &[String]) -> String {
+pub(crate) fn shown_command(cmd: &[String]) -> String {
     shell_words(&masked(cmd))
 }
 

@@ -191,7 +191,7 @@ macro_rules! conformance_suite {
     (@in processes, $($then:tt)*) => {
         $crate::conformance_suite!($($then)* [
             processes_exclude_each_other, killed_holder_process_frees_lock,
-            processes_share_counters_and_sequences
+            processes_share_counters_and_sequences, processes_share_a_queue
         ]);
     };
     (@in network, $($then:tt)*) => {

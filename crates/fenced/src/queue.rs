@@ -8,7 +8,8 @@
 //! |---|---|
 //! | register `<name>:tail` | a counter: the last item id handed out (ids start at 1) |
 //! | register `<name>:item:<id>` | the item: `p<deliveries>:<payload>` while waiting, `t<deliveries>:<slot>:<taker token>:<payload>` while taken, `x` once acknowledged, `h` for a hole given up (below) |
-//! | register `<name>:head` | `<head> <swept>`: every id below `head` is done, and every acknowledged item's register below `swept` deleted |
+//! | register `<name>:head` | every id below it is done |
+//! | register `<name>:swept` | every acknowledged item's register below it is deleted |
 //! | lock `<name>:taker:<slot>` | held (with the watchdog) by each handle that takes, slots 0 to [`MAX_TAKERS`] − 1 |
 //!
 //! An item is taken by a versioned compare-and-set of its register, so of
@@ -18,18 +19,22 @@
 //! the lock is held with that token the item is someone's, and once the
 //! lock is gone (its holder died, or was cut off past its lease) the next
 //! taker takes the item again. Items are found by reading from `head`, so
-//! a take reads the items in flight before the first waiting one.
+//! a take reads the items in flight before the first waiting one. Within
+//! one taker, an item marked with its own slot and token is its own only
+//! while an [`Item`] for it exists in this process: one whose take was
+//! cancelled after the write, or whose reply was lost, is taken again.
 //!
 //! A push takes an id from the tail counter and then creates the item's
 //! register (create-only). Between the two the id is a *hole*. A pusher
 //! that died there would leave it open for ever, so a taker that has seen
-//! a hole for longer than two request timeouts writes it `h` itself
-//! (create-only too): a pusher that was only slow then finds its id
-//! taken, and pushes again under a new one. A given-up hole's register
-//! is never deleted, so that no late push can land in it below the head:
-//! a push that died between its two steps leaves those few bytes behind.
-//! Nothing here depends on clocks agreeing: the compare-and-sets decide,
-//! the waiting only sets how soon.
+//! a hole for longer than two request timeouts (timed per client and
+//! queue) writes it `h` itself, create-only too, unless the head has
+//! passed it: a pusher that was only slow then finds its id taken, and
+//! pushes again under a new one. A given-up hole's register is never
+//! deleted, so that no late push can land in it below the head: a push
+//! that died between its two steps leaves those few bytes behind. How
+//! long a pusher pauses never decides anything: the compare-and-sets do,
+//! and the waiting only sets how soon.
 
 use crate::client::Client;
 use crate::core::hold::LostReason;
@@ -150,30 +155,93 @@ impl State {
 struct Taker {
     guard: crate::Guard,
     slot: u32,
+    /// The items this taker holds in this process ([`Item`]s alive, and
+    /// takes under way), by id: how many.
+    holding: std::sync::Mutex<HashMap<u64, u32>>,
 }
 
 impl Taker {
     fn token(&self) -> u64 {
         self.guard.fencing_token()
     }
+
+    fn holding(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u32>> {
+        self.holding.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn hold(&self, id: u64) {
+        *self.holding().entry(id).or_default() += 1;
+    }
+
+    fn let_go(&self, id: u64) {
+        let mut holding = self.holding();
+        if let Some(n) = holding.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                holding.remove(&id);
+            }
+        }
+    }
+
+    fn holds(&self, id: u64) -> bool {
+        self.holding().contains_key(&id)
+    }
 }
 
-/// What one handle remembers between takes (none of it is needed for
-/// correctness: it only saves reads and times holes).
+/// A take of item `id` under way: it counts as held by its taker until
+/// the take ends, and stays so only if it [`keep`](Self::keep)s it.
+struct Taking<'a> {
+    taker: &'a Taker,
+    id: u64,
+}
+
+impl<'a> Taking<'a> {
+    fn new(taker: &'a Taker, id: u64) -> Self {
+        taker.hold(id);
+        Taking { taker, id }
+    }
+
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        self.taker.let_go(self.id);
+    }
+}
+
+/// What a client remembers of a queue between takes, shared by its
+/// handles: it saves reads, and times holes.
 #[derive(Debug, Default)]
 struct Memory {
-    /// Ids at or above the head seen done: done stays done.
+    /// Ids seen done: done stays done (until swept below the head).
     done: BTreeSet<u64>,
     /// Holes seen, and since when.
     holes: HashMap<u64, Instant>,
+    /// The highest tail seen: one lower means the server lost writes
+    /// (a restart without persistence), and all of this is forgotten.
+    tail: u64,
 }
 
 impl Memory {
-    fn forget_below(&mut self, head: u64) {
+    /// Forgets what lies below `head`, or everything if `tail` went back.
+    fn update(&mut self, head: u64, tail: u64) {
+        if tail < self.tail {
+            *self = Memory::default();
+        }
+        self.tail = tail;
         self.done = self.done.split_off(&head);
         self.holes.retain(|&id, _| id >= head);
     }
 }
+
+/// Each client's memory of each queue, by client id and queue name.
+#[allow(clippy::type_complexity)]
+static MEMORIES: std::sync::LazyLock<
+    std::sync::Mutex<HashMap<(String, String), Arc<std::sync::Mutex<Memory>>>>,
+> = std::sync::LazyLock::new(Default::default);
 
 /// A work queue: FIFO, at least once, every item leased to its taker
 /// (Redisson's `RReliableQueue`, SQS's visibility timeout kept by a lock
@@ -182,22 +250,26 @@ impl Memory {
 /// [`push`](Self::push) adds an item; [`take`](Self::take) waits for the
 /// oldest one nobody holds and leases it to this handle's *taker*, a lock
 /// held with the watchdog while the handle (or an item it took) lives.
-/// [`Item::ack`] finishes an item; [`Item::release`], or dropping it,
-/// gives it back at once; a taker that dies, or is cut off past its
-/// lease, gives back every item it held when its lease ends, and the next
-/// take gets them (with [`Item::deliveries`] counting on). Takers are
-/// woken by the engine when an item is pushed or given back, and look on
-/// their own every two seconds for items whose taker's lease ended.
+/// [`Item::ack`] finishes an item; [`Item::release`] gives it back at
+/// once, and so does dropping it (in the background: if that fails, the
+/// next take of this handle takes it again). A taker that dies, or is cut
+/// off past its lease, gives back every item it held when its lease ends,
+/// and the next take gets them (with [`Item::deliveries`] counting on).
+/// Takers are woken by the engine when an item is pushed or given back,
+/// and look on their own every two seconds for items whose taker's lease
+/// ended.
 ///
-/// Every item carries a fencing token ([`Item::fencing_token`]) that
-/// rises with each delivery: pass it with the writes the item leads to,
-/// so that a taker paused past its lease cannot overwrite the work of the
-/// one that took the item after it.
+/// Every delivery of an item carries a fencing token
+/// ([`Item::fencing_token`]) greater than the item's earlier deliveries'.
+/// Tokens count each item's own writes, so fence on the pair (item id,
+/// token): a resource that keeps the highest token per item refuses a
+/// taker paused past its lease once the next taker of that item wrote.
 ///
-/// One handle's tasks share its taker; clones share it too. Queues suit
-/// light load (the seeds' advice for queues on ZooKeeper holds on every
-/// engine here): a take reads every item in flight before the first
-/// waiting one.
+/// One handle's tasks share its taker; clones share it too. Keep a handle
+/// rather than making one per take: each takes a slot lock of its own.
+/// Queues suit light load (the seeds' advice for queues on ZooKeeper
+/// holds on every engine here): a take reads every item in flight before
+/// the first waiting one.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -221,6 +293,7 @@ pub struct Queue {
     client: Client,
     name: String,
     head: crate::VersionedValue,
+    swept: crate::VersionedValue,
     tail: crate::Counter,
     lease: Option<Duration>,
     taker: Arc<tokio::sync::Mutex<Option<Arc<Taker>>>>,
@@ -242,10 +315,16 @@ impl Queue {
             client: client.clone(),
             name: name.to_owned(),
             head: client.versioned(&format!("{name}:head"))?,
+            swept: client.versioned(&format!("{name}:swept"))?,
             tail: client.counter(&format!("{name}:tail"))?,
             lease: None,
             taker: Arc::default(),
-            memory: Arc::default(),
+            memory: MEMORIES
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry((client.id().to_owned(), name.to_owned()))
+                .or_default()
+                .clone(),
         })
     }
 
@@ -340,7 +419,7 @@ impl Queue {
 
     /// How many items are waiting or taken: one read per item.
     pub async fn len(&self) -> Result<u64> {
-        let (head, ..) = self.read_head().await?;
+        let (head, _) = self.read_head().await?;
         let tail = self.read_tail().await?.0;
         let mut n = 0;
         for id in head..=tail {
@@ -361,27 +440,44 @@ impl Queue {
     async fn take_until(&self, until: Option<Instant>) -> Result<Option<Item>> {
         loop {
             let taker = self.taker().await?;
-            let (watch, seen) = match self.scan(&taker).await? {
+            let (hole, tail_version) = match self.scan(&taker).await? {
                 Scan::Took(item) => return Ok(Some(*item)),
-                Scan::Hole(id) => (self.item_name(id)?, 0),
-                Scan::Empty { tail_version } => (self.tail_name().clone(), tail_version),
+                Scan::Nothing { hole, tail_version } => (hole, tail_version),
             };
             let now = Instant::now();
             if until.is_some_and(|u| u <= now) {
                 return Ok(None);
             }
-            let look = until.map_or(now + LOOK_EVERY, |u| u.min(now + LOOK_EVERY));
-            self.client
-                .inner
-                .wait_register(&watch, Some(look), |raw| {
+            let look = Some(until.map_or(now + LOOK_EVERY, |u| u.min(now + LOOK_EVERY)));
+            let inner = &self.client.inner;
+            let moved = |seen: u64| {
+                move |raw: crate::spi::RegisterValue| {
                     Ok((raw.map_or(0, |(_, v)| v) != seen).then_some(()))
-                })
-                .await?;
+                }
+            };
+            // A push or a give-back moves the tail; the pusher of a hole
+            // writes the hole.
+            let tail = inner.wait_register(self.tail_name(), look, moved(tail_version));
+            match hole {
+                None => drop(tail.await?),
+                Some(id) => {
+                    let name = self.item_name(id)?;
+                    let written = inner.wait_register(&name, look, moved(0));
+                    tokio::select! {
+                        r = tail => drop(r?),
+                        r = written => drop(r?),
+                    }
+                }
+            }
         }
     }
 
     fn tail_name(&self) -> &LockName {
         self.tail.lock_name()
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        self.memory.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// This handle's taker, taking a free slot if it has none (or lost it).
@@ -393,7 +489,11 @@ impl Queue {
         *current = None;
         for slot in 0..MAX_TAKERS {
             if let Some(guard) = self.slot_lock(slot)?.try_acquire().await? {
-                let t = Arc::new(Taker { guard, slot });
+                let t = Arc::new(Taker {
+                    guard,
+                    slot,
+                    holding: Default::default(),
+                });
                 *current = Some(t.clone());
                 return Ok(t);
             }
@@ -408,22 +508,28 @@ impl Queue {
         ))
     }
 
-    /// One pass from the head: takes the first item nobody holds, moves
-    /// the head over the done items before it, and gives up old holes.
+    /// One pass from the head: takes the first item nobody holds, gives
+    /// up old holes, and moves the head over the done items before them.
     async fn scan(&self, taker: &Arc<Taker>) -> Result<Scan> {
-        let (head, swept, head_version) = self.read_head().await?;
+        let (head, head_version) = self.read_head().await?;
         let (tail, tail_version) = self.read_tail().await?;
-        self.memory().forget_below(head);
-        let mut live: HashMap<u32, Vec<u64>> = HashMap::new();
+        self.memory().update(head, tail);
+        let mut live = Live::default();
+        // The first id not read done in this pass: the head may move to it.
         let mut first_open = head;
         let mut hole = None;
         let mut took = None;
         for id in head..=tail {
-            let done = if self.memory().done.contains(&id) {
+            // What this client saw done is done, but the head moves only
+            // over what this pass read.
+            let done = if id != first_open && self.memory().done.contains(&id) {
                 true
             } else {
                 let name = self.item_name(id)?;
                 let (state, version) = self.read_item(&name).await?;
+                if state != State::Missing {
+                    self.memory().holes.remove(&id);
+                }
                 match state {
                     State::Done | State::GivenUp => true,
                     State::Missing => {
@@ -448,7 +554,7 @@ impl Queue {
                         taker: held_by,
                         payload,
                     } => {
-                        if !self.is_live(taker, &mut live, slot, held_by).await? {
+                        if !self.is_live(taker, &mut live, id, slot, held_by).await? {
                             took = self
                                 .take_item(taker, id, name, version, deliveries, payload)
                                 .await?;
@@ -467,39 +573,46 @@ impl Queue {
                 break;
             }
         }
-        if first_open > head || swept < head {
-            self.advance(head, swept, head_version, first_open).await?;
+        if first_open > head {
+            // Housekeeping: a take that got its item has it, whatever
+            // happens here.
+            if let Err(e) = self.advance(head, head_version, first_open).await {
+                tracing::debug!(queue = %self.name, error = %e, "moving the head on failed; the next take will");
+            }
         }
-        Ok(match (took, hole) {
-            (Some(item), _) => Scan::Took(Box::new(item)),
-            (None, Some(id)) => Scan::Hole(id),
-            (None, None) => Scan::Empty { tail_version },
+        Ok(match took {
+            Some(item) => Scan::Took(Box::new(item)),
+            None => Scan::Nothing { hole, tail_version },
         })
     }
 
-    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
-        self.memory.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Whether the taker in `slot` that held it with token `held_by`
-    /// holds it still.
+    /// holds it still, and holds item `id` (which it does, if it is this
+    /// process's, only while an [`Item`] or a take of it lives here).
     async fn is_live(
         &self,
         me: &Taker,
-        live: &mut HashMap<u32, Vec<u64>>,
+        live: &mut Live,
+        id: u64,
         slot: u32,
         held_by: u64,
     ) -> Result<bool> {
         if slot == me.slot && held_by == me.token() {
-            return Ok(true);
+            return Ok(me.holds(id));
         }
-        if let Some(tokens) = live.get(&slot) {
+        // A status read before `held_by` was issued cannot tell: read
+        // again. One read after it can: a hold that is gone never comes
+        // back.
+        if let Some((tokens, last)) = live.0.get(&slot)
+            && held_by <= *last
+        {
             return Ok(tokens.contains(&held_by));
         }
         let status = self.slot_lock(slot)?.status().await?;
         let tokens: Vec<u64> = status.holders.iter().map(|h| h.token).collect();
         let is = tokens.contains(&held_by);
-        live.insert(slot, tokens);
+        let last = tokens.iter().copied().fold(status.last_token, u64::max);
+        live.0.insert(slot, (tokens, last));
         Ok(is)
     }
 
@@ -516,9 +629,14 @@ impl Queue {
     ) -> Result<Option<Item>> {
         let deliveries = deliveries.saturating_add(1);
         let value = State::taken(deliveries, taker.slot, taker.token(), &payload);
+        // Held from before the write: a take of this handle that reads the
+        // item meanwhile must not take it as an orphan. Let go again if
+        // this write is refused, fails, or is dropped.
+        let taking = Taking::new(taker, id);
         if !self.write(&name, version, &value).await? {
             return Ok(None);
         }
+        taking.keep();
         Ok(Some(Item {
             queue: self.clone(),
             id,
@@ -539,60 +657,73 @@ impl Queue {
         if since.elapsed() < grace {
             return Ok(false);
         }
-        self.memory().holes.remove(&id);
-        if !self.write(name, 0, GIVEN_UP).await? {
-            // Its pusher wrote it after all.
-            return Ok(false);
-        }
         if id < self.read_head().await?.0 {
-            // Given up below a head that had passed it, acknowledged and
-            // swept, while this handle was not looking: nobody pushes to
-            // it again, and nobody would sweep it there.
-            self.delete(name).await?;
+            // The head passed it while this client was not looking: it
+            // was done, and swept.
+            return Ok(true);
         }
-        Ok(true)
+        // Not passed, so never written: give it up, unless its pusher
+        // writes it first.
+        let given_up = self.write(name, 0, GIVEN_UP).await?;
+        self.memory().holes.remove(&id);
+        Ok(given_up)
     }
 
-    /// Moves the head from `head` to `to` (if nobody moved it since the
-    /// read at `version`), then deletes the acknowledged items below it.
-    async fn advance(&self, head: u64, swept: u64, version: u64, to: u64) -> Result<()> {
-        let (mut head, mut version) = (head, version);
-        if to > head {
-            let value = format!("{to} {swept}");
-            if !self.head.compare_and_set(version, value).await? {
-                return Ok(());
-            }
-            (head, version) = (to, version + 1);
+    /// Moves the head from `head` to `to`, if nobody moved it since the
+    /// read at `version`, and then sweeps.
+    async fn advance(&self, head: u64, version: u64, to: u64) -> Result<()> {
+        // Nothing to pass (another handle passed and swept it meanwhile).
+        if to <= head {
+            return Ok(());
         }
-        for id in swept..head {
+        if self.head.compare_and_set(version, to.to_string()).await? {
+            self.sweep(to).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the acknowledged items' registers below `head` (given-up
+    /// holes stay: see the module's notes).
+    async fn sweep(&self, head: u64) -> Result<()> {
+        let (from, version) = match self.swept.read().await? {
+            None => (1, 0),
+            Some(v) => (self.parse_id(&v.value, "swept")?, v.version),
+        };
+        if from >= head {
+            return Ok(());
+        }
+        for id in from..head {
             // Done is final, so a read then a delete is safe.
             let name = self.item_name(id)?;
             if self.read_item(&name).await?.0 == State::Done {
                 self.delete(&name).await?;
             }
         }
-        // Whoever fails here leaves the sweep to the next take.
-        self.head
-            .compare_and_set(version, format!("{head} {head}"))
+        // Lost to another sweeper: it swept as far, or the next one will.
+        self.swept
+            .compare_and_set(version, head.to_string())
             .await?;
         Ok(())
     }
 
-    async fn read_head(&self) -> Result<(u64, u64, u64)> {
-        let Some(got) = self.head.read().await? else {
-            return Ok((1, 1, 0));
-        };
-        let bad = || {
-            Error::invalid(format!(
-                "queue {:?}: its head register does not hold `<head> <swept>`",
-                self.name
-            ))
-        };
-        let text = std::str::from_utf8(&got.value).map_err(|_| bad())?;
-        let (head, swept) = text.split_once(' ').ok_or_else(bad)?;
-        let head: u64 = head.parse().map_err(|_| bad())?;
-        let swept: u64 = swept.parse().map_err(|_| bad())?;
-        Ok((head, swept.min(head), got.version))
+    fn parse_id(&self, raw: &[u8], what: &str) -> Result<u64> {
+        std::str::from_utf8(raw)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "queue {:?}: its {what} register does not hold an id",
+                    self.name
+                ))
+            })
+    }
+
+    /// The head (1 before the first move) and its register's version.
+    async fn read_head(&self) -> Result<(u64, u64)> {
+        match self.head.read().await? {
+            None => Ok((1, 0)),
+            Some(v) => Ok((self.parse_id(&v.value, "head")?, v.version)),
+        }
     }
 
     /// The last id handed out and the tail register's version.
@@ -650,20 +781,26 @@ impl Queue {
     }
 }
 
+/// The taker slots a pass has looked at: the tokens holding each, and
+/// the highest token issued for it by then.
+#[derive(Default)]
+struct Live(HashMap<u32, (Vec<u64>, u64)>);
+
 /// What a pass from the head found.
 enum Scan {
     Took(Box<Item>),
-    /// Nothing to take, and this id is a hole: wait for its push.
-    Hole(u64),
-    /// Nothing to take: wait for the tail to move.
-    Empty {
+    /// Nothing to take: wait for the tail to move on from this version,
+    /// or for the hole, if any, to be written.
+    Nothing {
+        hole: Option<u64>,
         tail_version: u64,
     },
 }
 
 /// An item taken from a [`Queue`], leased to the handle that took it until
 /// [`ack`](Self::ack)ed or given back. Dropping it gives it back (in the
-/// background).
+/// background; should that fail, the next take of its handle takes it
+/// again, and if the process is gone, its lease gives it back).
 #[derive(Debug)]
 #[must_use = "an item dropped at once goes back to the queue"]
 pub struct Item {
@@ -695,7 +832,7 @@ impl Item {
     }
 
     /// This delivery's fencing token: greater than every earlier
-    /// delivery's of this item.
+    /// delivery's of this item (fence on the item's id and this).
     pub fn fencing_token(&self) -> u64 {
         self.token
     }
@@ -717,38 +854,49 @@ impl Item {
     /// # Errors
     /// [`Lost`](ErrorKind::Lost) if another taker took the item after this
     /// taker's lease ended: the item is theirs, and stays in the queue
-    /// until they finish it.
+    /// until they finish it. Any other error leaves the item unfinished
+    /// (or finished, if the write landed and its reply was lost), and
+    /// given back when the `Item` is dropped.
     pub async fn ack(mut self) -> Result<()> {
+        let finished = self.queue.write(&self.name, self.token, DONE).await?;
         self.settled = true;
-        if !self.queue.write(&self.name, self.token, DONE).await? {
+        if !finished {
             return Err(self.taken_over());
         }
         self.queue.memory().done.insert(self.id);
-        let (head, swept, version) = self.queue.read_head().await?;
-        if head == self.id {
-            let mut to = head;
-            while let (State::Done | State::GivenUp, _) =
-                self.queue.read_item(&self.queue.item_name(to)?).await?
-            {
-                to += 1;
-            }
-            self.queue.advance(head, swept, version, to).await?;
+        // Housekeeping: the item is finished, whatever happens here.
+        if let Err(e) = self.move_head().await {
+            tracing::debug!(queue = %self.queue.name, error = %e, "moving the head on failed; the next take will");
         }
         Ok(())
+    }
+
+    /// Moves the head over this item and the done ones after it, if it
+    /// was the head.
+    async fn move_head(&self) -> Result<()> {
+        let (head, version) = self.queue.read_head().await?;
+        if head != self.id {
+            return Ok(());
+        }
+        let mut to = head;
+        while let (State::Done | State::GivenUp, _) =
+            self.queue.read_item(&self.queue.item_name(to)?).await?
+        {
+            to += 1;
+        }
+        self.queue.advance(head, version, to).await
     }
 
     /// Gives the item back to the queue now, for the next take; `false` if
     /// another taker had taken it already (after this taker's lease ended).
     pub async fn release(mut self) -> Result<bool> {
+        let value = State::waiting(self.deliveries, &self.payload);
+        let given = self.queue.write(&self.name, self.token, &value).await?;
         self.settled = true;
-        give_back(
-            &self.queue,
-            &self.name,
-            self.token,
-            self.deliveries,
-            &self.payload,
-        )
-        .await
+        if given {
+            self.queue.poke_quietly().await;
+        }
+        Ok(given)
     }
 
     fn taken_over(&self) -> Error {
@@ -762,23 +910,19 @@ impl Item {
     }
 }
 
-async fn give_back(
-    queue: &Queue,
-    name: &LockName,
-    token: u64,
-    deliveries: u32,
-    payload: &[u8],
-) -> Result<bool> {
-    let value = State::waiting(deliveries, payload);
-    if !queue.write(name, token, &value).await? {
-        return Ok(false);
+impl Queue {
+    /// [`poke`](Self::poke), whose failure only costs waiting takers a
+    /// look of their own.
+    async fn poke_quietly(&self) {
+        if let Err(e) = self.poke().await {
+            tracing::debug!(queue = %self.name, error = %e, "waking takers failed; they look on their own");
+        }
     }
-    queue.poke().await?;
-    Ok(true)
 }
 
 impl Drop for Item {
     fn drop(&mut self) {
+        self.taker.let_go(self.id);
         if self.settled {
             return;
         }
@@ -788,11 +932,15 @@ impl Drop for Item {
         };
         let queue = self.queue.clone();
         let name = self.name.clone();
-        let (token, deliveries) = (self.token, self.deliveries);
-        let payload = std::mem::take(&mut self.payload);
+        let value = State::waiting(self.deliveries, &self.payload);
+        let token = self.token;
         rt.spawn(async move {
-            if let Err(e) = give_back(&queue, &name, token, deliveries, &payload).await {
-                tracing::warn!(queue = %queue.name, error = %e, "an item dropped unfinished was not given back; its taker's lease will");
+            match queue.write(&name, token, &value).await {
+                Ok(true) => queue.poke_quietly().await,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::debug!(queue = %queue.name, error = %e, "an item dropped unfinished was not given back; the next take of its handle takes it again");
+                }
             }
         });
     }

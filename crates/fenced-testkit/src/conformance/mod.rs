@@ -73,6 +73,7 @@ pub const TESTS: &[&str] = &[
     "elections_are_observed_and_lead_work",
     "queues_deliver_every_item_leased",
     "processes_share_counters_and_sequences",
+    "processes_share_a_queue",
 ];
 
 /// The backends (modules of a test binary made by
@@ -2111,6 +2112,87 @@ pub async fn processes_share_counters_and_sequences(fx: &Fixture) {
     );
 }
 
+/// `fenced queue` takers in three processes, beside one killed with
+/// SIGKILL while it held an item: every item is run exactly once by the
+/// live takers, the killed one's after its lease ended.
+pub async fn processes_share_a_queue(fx: &Fixture) {
+    const ITEMS: usize = 9;
+    const TAKERS: usize = 3;
+    let t = Timing::default();
+    let bin = fx
+        .fenced_bin
+        .clone()
+        .expect("processes tests need the fenced binary");
+    let name = unique("jobs");
+    let client = fx.client().await;
+    let queue = client.queue(&name).unwrap();
+    queue.push("victim").await.unwrap();
+    let mut victim = std::process::Command::new(&bin)
+        .args([
+            "--backend",
+            &fx.url,
+            "queue",
+            &name,
+            "take",
+            "--lease",
+            "1s",
+        ])
+        .args(["--", "sleep", "600"])
+        .spawn()
+        .unwrap();
+    let first = client.versioned(&format!("{name}:item:1")).unwrap();
+    t.wait_until("the victim takes the first item", || async {
+        let v = first.read().await.unwrap();
+        v.is_some_and(|v| v.value.starts_with(b"t"))
+    })
+    .await;
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    for i in 0..ITEMS {
+        queue.push(format!("item-{i}")).await.unwrap();
+    }
+    // Each taker runs items until none is waiting or taken: bounded.
+    let script = "for i in $(seq 300); do \
+         [ \"$(\"$0\" --backend \"$1\" queue \"$2\" len)\" = 0 ] && exit 0; \
+         \"$0\" --backend \"$1\" queue \"$2\" take -w 1 -- sh -c 'cat; echo'; \
+         [ $? = 0 ] || [ $? = 75 ] || true; done; exit 1";
+    let takers: Vec<_> = (0..TAKERS)
+        .map(|_| {
+            std::process::Command::new("sh")
+                .args(["-c", script, &bin.display().to_string(), &fx.url, &name])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut ran = Vec::new();
+    for w in takers {
+        let out = tokio::task::spawn_blocking(move || w.wait_with_output().unwrap())
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "a taker never saw the queue empty: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ran.extend(
+            String::from_utf8(out.stdout)
+                .unwrap()
+                .lines()
+                .map(str::to_owned),
+        );
+    }
+    ran.sort();
+    let mut want: Vec<String> = (0..ITEMS).map(|i| format!("item-{i}")).collect();
+    want.push("victim".to_owned());
+    want.sort();
+    assert_eq!(
+        ran, want,
+        "every item run once, the victim's after its lease"
+    );
+}
+
 /// A `fenced run` holder killed with SIGKILL frees the lock when its lease ends.
 pub async fn killed_holder_process_frees_lock(fx: &Fixture) {
     let t = Timing::default();
@@ -2296,6 +2378,33 @@ pub async fn queues_deliver_every_item_leased(fx: &Fixture) {
     assert_eq!((back.payload(), back.deliveries()), (&b"orphan"[..], 2));
     assert!(back.fencing_token() > token);
     back.ack().await.unwrap();
+
+    // Takes dropped at every await point, some after their write
+    // landed: each item is still taken, exactly once, by this handle's
+    // later takes, and the queue ends empty.
+    let mut want = Vec::new();
+    for i in 0..5 {
+        want.push(format!("cancel-{i}").into_bytes());
+        q.push(&want[i]).await.unwrap();
+    }
+    for i in 0..60u64 {
+        let cut = Duration::from_micros(fastrand::u64(0..3_000) + i * 20);
+        if let Ok(item) = timeout(cut, q.take()).await {
+            drop(item.unwrap()); // given back in the background
+        }
+    }
+    let mut got = Vec::new();
+    for _ in 0..want.len() {
+        let item = q
+            .take_timeout(hang)
+            .await
+            .unwrap()
+            .expect("an item lost to a cancelled take");
+        got.push(item.payload().to_vec());
+        item.ack().await.unwrap();
+    }
+    got.sort();
+    assert_eq!(got, want, "every item once after the cancelled takes");
 
     // Finished: nothing waits, and the items' registers are gone.
     assert_eq!(q.len().await.unwrap(), 0);
