@@ -567,9 +567,10 @@ async fn s1(
     })
 }
 
-/// R1: a counter's `add(1)` and a rate limiter's decision, one after
-/// another from one client, `iterations` of each (at most S1's bound in
-/// time each); the rate limiter is refused where the backend has none.
+/// R1: a counter's `add(1)`, a rate limiter's decision, and a work
+/// queue's item (pushed, taken and finished), one after another from one
+/// client, `iterations` of each (at most S1's bound in time each); the
+/// rate limiter is refused where the backend has none.
 async fn r1(client: &fenced::Client, iterations: u64) -> anyhow::Result<Vec<(&'static str, S1)>> {
     let mut rows = Vec::new();
     let counter = client.counter("bench:r1:counter")?;
@@ -587,6 +588,15 @@ async fn r1(client: &fenced::Client, iterations: u64) -> anyhow::Result<Vec<(&'s
             .await?,
         ));
     }
+    let queue = client.queue("bench:r1:queue")?;
+    rows.push((
+        "queue item",
+        timed_loop(iterations, || async {
+            queue.push(b"job").await?;
+            queue.take().await?.ack().await
+        })
+        .await?,
+    ));
     Ok(rows)
 }
 

@@ -299,6 +299,10 @@ pub(crate) async fn queue(backend: Option<String>, args: QueueArgs) -> anyhow::R
             }
             QueueOp::Take { wait, lease, cmd } => {
                 let queue = queue.lease(lease);
+                if !cmd.is_empty() {
+                    // What the taker slot's holder record shows.
+                    client.set_command(&crate::run::shown_command(&cmd));
+                }
                 let item = match wait.timeout {
                     None => Some(queue.take().await?),
                     Some(d) => queue.take_timeout(d).await?,
@@ -308,20 +312,25 @@ pub(crate) async fn queue(backend: Option<String>, args: QueueArgs) -> anyhow::R
                     return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
                 };
                 if cmd.is_empty() {
-                    use std::io::Write;
-                    std::io::stdout().write_all(item.payload())?;
-                    std::io::stdout().flush()?;
+                    use tokio::io::AsyncWriteExt;
+                    let mut out = tokio::io::stdout();
+                    out.write_all(item.payload()).await?;
+                    out.flush().await?;
                     item.ack().await?;
                     return Ok(ExitCode::SUCCESS);
                 }
-                client.set_command(&crate::run::shown_command(&cmd));
+                let what = format!("the lease of queue {:?}'s item {}", args.name, item.id());
+                if !item.is_held() {
+                    eprintln!("fenced: lost {what} before the command started; given back");
+                    let _ = item.release().await;
+                    return Ok(ExitCode::from(crate::EXIT_LOST));
+                }
                 let env = [
                     ("FENCED_QUEUE", args.name.clone()),
                     ("FENCED_ITEM", item.id().to_string()),
                     ("FENCED_TOKEN", item.fencing_token().to_string()),
                     ("FENCED_DELIVERIES", item.deliveries().to_string()),
                 ];
-                let what = format!("the lease of queue {:?}'s item {}", args.name, item.id());
                 let ran = crate::run::supervise(
                     &cmd,
                     &env,
@@ -331,15 +340,31 @@ pub(crate) async fn queue(backend: Option<String>, args: QueueArgs) -> anyhow::R
                     &what,
                 )
                 .await?;
-                match ran {
-                    Some(code) if code == ExitCode::SUCCESS => item.ack().await?,
-                    Some(code) if code == ExitCode::from(crate::EXIT_LOST) => return Ok(code),
-                    other => {
-                        item.release().await?;
-                        return Ok(other.unwrap_or(ExitCode::from(127)));
+                let code = match ran {
+                    crate::run::Ran::Exited(code) if code == ExitCode::SUCCESS => {
+                        return match item.ack().await {
+                            Ok(()) => Ok(code),
+                            Err(e) if e.kind() == fenced::ErrorKind::Lost => {
+                                eprintln!("fenced: {e}");
+                                Ok(ExitCode::from(crate::EXIT_LOST))
+                            }
+                            Err(e) => Err(e.into()),
+                        };
                     }
+                    // Its taker's lease is gone: the item is the next
+                    // taker's.
+                    crate::run::Ran::Lost => return Ok(ExitCode::from(crate::EXIT_LOST)),
+                    crate::run::Ran::Exited(code) => code,
+                    crate::run::Ran::NotRun => ExitCode::from(127),
+                };
+                if let Err(e) = item.release().await {
+                    eprintln!(
+                        "fenced: giving item back to queue {:?} failed ({e}); it goes back when \
+                         the lease ends",
+                        args.name
+                    );
                 }
-                Ok(ExitCode::SUCCESS)
+                Ok(code)
             }
         }
     })

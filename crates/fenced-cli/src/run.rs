@@ -196,10 +196,13 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
         ("FENCED_TOKEN", token.to_string()),
     ];
     let what = format!("lock {:?} (token {token})", args.name);
-    let Some(code) = supervise(&args.cmd, &env, None, guard.lost(), args.on_lost, &what).await?
-    else {
-        held.release().await?;
-        return Ok(ExitCode::from(127));
+    let code = match supervise(&args.cmd, &env, None, guard.lost(), args.on_lost, &what).await? {
+        Ran::Exited(code) => code,
+        Ran::Lost => ExitCode::from(EXIT_LOST),
+        Ran::NotRun => {
+            held.release().await?;
+            return Ok(ExitCode::from(127));
+        }
     };
     if let Err(e) = held.release().await {
         eprintln!(
@@ -210,11 +213,20 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
     Ok(code)
 }
 
+/// How a supervised command ended.
+pub(crate) enum Ran {
+    /// It exited, with this code (or 128 + the signal that ended it).
+    Exited(ExitCode),
+    /// What it ran under was lost, and it was killed.
+    Lost,
+    /// It could not be started (said on standard error).
+    NotRun,
+}
+
 /// Runs `cmd` with `env` (and `stdin`, if given, on its standard input) in
 /// a process group of its own that dies with fenced, until it exits; if
-/// `lost` fires first, kills it (`OnLost::Kill`: exit 76) or says so.
-/// SIGTERM, SIGINT and SIGHUP are passed on. `None` when `cmd` cannot be
-/// run (said on standard error; the caller exits 127).
+/// `lost` fires first, kills it (`OnLost::Kill`) or says so. SIGTERM,
+/// SIGINT and SIGHUP are passed on.
 pub(crate) async fn supervise(
     cmd: &[String],
     env: &[(&str, String)],
@@ -222,7 +234,7 @@ pub(crate) async fn supervise(
     lost: impl std::future::Future<Output = fenced::LostReason>,
     on_lost: OnLost,
     what: &str,
-) -> anyhow::Result<Option<ExitCode>> {
+) -> anyhow::Result<Ran> {
     let mut command = tokio::process::Command::new(&cmd[0]);
     command
         .args(&cmd[1..])
@@ -236,7 +248,7 @@ pub(crate) async fn supervise(
         Ok(c) => c,
         Err(e) => {
             eprintln!("fenced: cannot run {:?}: {e}", cmd[0]);
-            return Ok(None);
+            return Ok(Ran::NotRun);
         }
     };
     if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
@@ -255,14 +267,14 @@ pub(crate) async fn supervise(
     let mut lost_seen = false;
     let code = loop {
         tokio::select! {
-            status = child.wait() => break exit_code(status?),
+            status = child.wait() => break Ran::Exited(exit_code(status?)),
             reason = &mut lost, if !lost_seen => {
                 lost_seen = true;
                 if on_lost == OnLost::Kill {
                     eprintln!("fenced: lost {what}: {reason}; killing the command");
                     let _ = killpg(pgid, Signal::SIGKILL);
                     let _ = child.wait().await;
-                    break ExitCode::from(EXIT_LOST);
+                    break Ran::Lost;
                 }
                 eprintln!("fenced: lost {what}: {reason}; the command goes on (--on-lost ignore)");
             }
@@ -271,7 +283,7 @@ pub(crate) async fn supervise(
             _ = sighup.recv() => { let _ = killpg(pgid, Signal::SIGHUP); }
         }
     };
-    Ok(Some(code))
+    Ok(code)
 }
 
 /// CMD must not outlive fenced: if fenced is killed (SIGKILL, OOM), nobody

@@ -125,6 +125,7 @@ impl Client {
                 holds: HoldTable::default(),
                 worker,
                 calls,
+                memos: Default::default(),
             }),
         }
     }

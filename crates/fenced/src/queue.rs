@@ -7,34 +7,37 @@
 //! | name | what |
 //! |---|---|
 //! | register `<name>:tail` | a counter: the last item id handed out (ids start at 1) |
-//! | register `<name>:item:<id>` | the item: `p<deliveries>:<payload>` while waiting, `t<deliveries>:<slot>:<taker token>:<payload>` while taken, `x` once acknowledged, `h` for a hole given up (below) |
+//! | register `<name>:item:<id>` | the item: `p<deliveries>:<payload>` while waiting, `t<deliveries>:<slot>:<taker token>:<nonce>:<payload>` while taken, `x` once acknowledged; `w<ms>` for a hole watched since then, `h` for a hole given up (below) |
+//! | register `<name>:wake` | written after each push and give-back: waiting takers watch it |
 //! | register `<name>:head` | every id below it is done |
 //! | register `<name>:swept` | every acknowledged item's register below it is deleted |
 //! | lock `<name>:taker:<slot>` | held (with the watchdog) by each handle that takes, slots 0 to [`MAX_TAKERS`] − 1 |
 //!
 //! An item is taken by a versioned compare-and-set of its register, so of
 //! two takers exactly one gets it; the register's version after that
-//! write is the item's fencing token, which rises with every delivery. A
-//! taken item names its taker's slot and that slot lock's token: while
-//! the lock is held with that token the item is someone's, and once the
-//! lock is gone (its holder died, or was cut off past its lease) the next
-//! taker takes the item again. Items are found by reading from `head`, so
-//! a take reads the items in flight before the first waiting one. Within
-//! one taker, an item marked with its own slot and token is its own only
-//! while an [`Item`] for it exists in this process: one whose take was
-//! cancelled after the write, or whose reply was lost, is taken again.
+//! write is the delivery's fencing token, which rises with every
+//! delivery. A taken item names its taker's slot and that slot lock's
+//! token: while the lock is held with that token the item is someone's,
+//! and once the lock is gone (its holder died, or was cut off past its
+//! lease) the next taker takes the item again. Within one process, an
+//! item marked with its own taker is its own only while an [`Item`] (or a
+//! take) for it lives there: one whose take was cancelled after the write
+//! landed is given back, or taken again by that taker's next take. Items
+//! are found by reading from `head`, so a take reads the items in flight
+//! before the first waiting one.
 //!
 //! A push takes an id from the tail counter and then creates the item's
-//! register (create-only). Between the two the id is a *hole*. A pusher
-//! that died there would leave it open for ever, so a taker that has seen
-//! a hole for longer than two request timeouts (timed per client and
-//! queue) writes it `h` itself, create-only too, unless the head has
-//! passed it: a pusher that was only slow then finds its id taken, and
-//! pushes again under a new one. A given-up hole's register is never
-//! deleted, so that no late push can land in it below the head: a push
-//! that died between its two steps leaves those few bytes behind. How
-//! long a pusher pauses never decides anything: the compare-and-sets do,
-//! and the waiting only sets how soon.
+//! register. Between the two the id is a *hole*, and a pusher that died
+//! there would leave it open for ever. So the first taker to see a hole
+//! marks it `w<its wall clock in ms>` (create-only), and a taker that
+//! finds a mark older than two request timeouts by its own clock writes
+//! `h` over it (by version). The pusher writes its item over a mark the
+//! same way, so exactly one of them wins: a pusher that was only slow
+//! then finds its id given up, and pushes again under a new one. Clocks
+//! that disagree change only how soon a hole is given up, never what
+//! becomes of an item. A given-up hole's register is never deleted, so
+//! that no late push lands in it below the head: a push that died
+//! between its two steps leaves those few bytes behind.
 
 use crate::client::Client;
 use crate::core::hold::LostReason;
@@ -56,6 +59,10 @@ pub const MAX_TAKERS: u32 = 1024;
 /// Lost races after which a push gives up.
 const MAX_PUSH_RACES: u32 = 100;
 
+/// The most registers one sweep deletes; the next move of the head
+/// sweeps on.
+const MAX_SWEEP: u64 = 1000;
+
 /// The longest suffix a queue adds to its name: `:item:` and 20 digits.
 const LONGEST_SUFFIX: usize = ":item:".len() + 20;
 
@@ -69,11 +76,21 @@ const GIVEN_UP: &[u8] = b"h";
 /// that died writes nothing, so only a look finds its items.
 const LOOK_EVERY: Duration = Duration::from_secs(2);
 
+/// The wall clock in ms since 1970, for hole marks (only how soon a hole
+/// is given up depends on it).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// An item's register, read.
 #[derive(Debug, PartialEq, Eq)]
 enum State {
-    /// Not there: a hole, or deleted below the head.
+    /// Not there: a hole nobody marked yet, or deleted below the head.
     Missing,
+    /// A hole marked at this wall-clock time (ms since 1970).
+    Watched(u64),
     /// Acknowledged.
     Done,
     /// A hole given up: done too, but never deleted.
@@ -97,8 +114,9 @@ impl State {
         v
     }
 
-    fn taken(deliveries: u32, slot: u32, taker: u64, payload: &[u8]) -> Vec<u8> {
-        let mut v = format!("t{deliveries}:{slot}:{taker}:").into_bytes();
+    /// A taken item; `nonce` tells this take's write from any other's.
+    fn taken(deliveries: u32, slot: u32, taker: u64, nonce: u64, payload: &[u8]) -> Vec<u8> {
+        let mut v = format!("t{deliveries}:{slot}:{taker}:{nonce}:").into_bytes();
         v.extend_from_slice(payload);
         v
     }
@@ -109,10 +127,13 @@ impl State {
             return Ok(State::Missing);
         };
         let bad = || {
-            Error::invalid(format!(
-                "{:?} does not hold a queue item (written as another kind of value?)",
-                name.as_str()
-            ))
+            Error::new(
+                ErrorKind::Protocol,
+                format!(
+                    "{:?} does not hold a queue item (written as another kind of value?)",
+                    name.as_str()
+                ),
+            )
         };
         let (&kind, mut rest) = raw.split_first().ok_or_else(bad)?;
         let field = |rest: &mut &[u8]| -> Result<u64> {
@@ -127,6 +148,11 @@ impl State {
         match kind {
             b'x' if rest.is_empty() => Ok(State::Done),
             b'h' if rest.is_empty() => Ok(State::GivenUp),
+            b'w' => std::str::from_utf8(rest)
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .map(State::Watched)
+                .ok_or_else(bad),
             b'p' => {
                 let deliveries = u32::try_from(field(&mut rest)?).map_err(|_| bad())?;
                 Ok(State::Waiting {
@@ -138,6 +164,7 @@ impl State {
                 let deliveries = u32::try_from(field(&mut rest)?).map_err(|_| bad())?;
                 let slot = u32::try_from(field(&mut rest)?).map_err(|_| bad())?;
                 let taker = field(&mut rest)?;
+                field(&mut rest)?; // the nonce
                 Ok(State::Taken {
                     deliveries,
                     slot,
@@ -188,60 +215,66 @@ impl Taker {
     }
 }
 
-/// A take of item `id` under way: it counts as held by its taker until
-/// the take ends, and stays so only if it [`keep`](Self::keep)s it.
-struct Taking<'a> {
-    taker: &'a Taker,
+/// A take's write under way: the item counts as held by its taker until
+/// the write's answer is known. If the write is dropped or fails, it may
+/// still have landed: then the item is given back in the background
+/// (exactly: only over this very write, by version and bytes).
+struct Taking {
+    queue: Queue,
+    taker: Arc<Taker>,
     id: u64,
+    name: LockName,
+    /// The version the item is taken over; the write makes it one more.
+    version: u64,
+    taken: Vec<u8>,
+    waiting: Vec<u8>,
+    /// Whether the write's answer is known (and the caller has it).
+    answered: bool,
 }
 
-impl<'a> Taking<'a> {
-    fn new(taker: &'a Taker, id: u64) -> Self {
-        taker.hold(id);
-        Taking { taker, id }
-    }
-
-    fn keep(self) {
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Taking<'_> {
+impl Drop for Taking {
     fn drop(&mut self) {
         self.taker.let_go(self.id);
+        if self.answered {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let queue = self.queue.clone();
+        let name = self.name.clone();
+        let (taken, waiting) = (
+            std::mem::take(&mut self.taken),
+            std::mem::take(&mut self.waiting),
+        );
+        let landed = self.version + 1;
+        let id = self.id;
+        let taker = self.taker.clone();
+        rt.spawn(async move {
+            // Taken again by this taker meanwhile: it is that take's now.
+            if taker.holds(id) {
+                return;
+            }
+            let read = queue.read_raw(&name).await;
+            if let Ok(Some((value, version))) = read
+                && version == landed
+                && value == taken
+                && !taker.holds(id)
+                && matches!(queue.write(&name, version, &waiting).await, Ok(true))
+            {
+                queue.wake_quietly().await;
+            }
+        });
     }
 }
 
 /// What a client remembers of a queue between takes, shared by its
-/// handles: it saves reads, and times holes.
+/// handles: the ids it saw done (done stays done until swept below the
+/// head), to read them again only where the head may move over them.
 #[derive(Debug, Default)]
 struct Memory {
-    /// Ids seen done: done stays done (until swept below the head).
-    done: BTreeSet<u64>,
-    /// Holes seen, and since when.
-    holes: HashMap<u64, Instant>,
-    /// The highest tail seen: one lower means the server lost writes
-    /// (a restart without persistence), and all of this is forgotten.
-    tail: u64,
+    done: std::sync::Mutex<BTreeSet<u64>>,
 }
-
-impl Memory {
-    /// Forgets what lies below `head`, or everything if `tail` went back.
-    fn update(&mut self, head: u64, tail: u64) {
-        if tail < self.tail {
-            *self = Memory::default();
-        }
-        self.tail = tail;
-        self.done = self.done.split_off(&head);
-        self.holes.retain(|&id, _| id >= head);
-    }
-}
-
-/// Each client's memory of each queue, by client id and queue name.
-#[allow(clippy::type_complexity)]
-static MEMORIES: std::sync::LazyLock<
-    std::sync::Mutex<HashMap<(String, String), Arc<std::sync::Mutex<Memory>>>>,
-> = std::sync::LazyLock::new(Default::default);
 
 /// A work queue: FIFO, at least once, every item leased to its taker
 /// (Redisson's `RReliableQueue`, SQS's visibility timeout kept by a lock
@@ -266,10 +299,10 @@ static MEMORIES: std::sync::LazyLock<
 /// taker paused past its lease once the next taker of that item wrote.
 ///
 /// One handle's tasks share its taker; clones share it too. Keep a handle
-/// rather than making one per take: each takes a slot lock of its own.
-/// Queues suit light load (the seeds' advice for queues on ZooKeeper
-/// holds on every engine here): a take reads every item in flight before
-/// the first waiting one.
+/// rather than making one per take: each takes a slot lock of its own,
+/// held until the handle and its items are dropped. Queues suit light
+/// load (the seeds' advice for queues on ZooKeeper holds on every engine
+/// here): a take reads every item in flight before the first waiting one.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -295,9 +328,10 @@ pub struct Queue {
     head: crate::VersionedValue,
     swept: crate::VersionedValue,
     tail: crate::Counter,
+    wake: LockName,
     lease: Option<Duration>,
     taker: Arc<tokio::sync::Mutex<Option<Arc<Taker>>>>,
-    memory: Arc<std::sync::Mutex<Memory>>,
+    memory: Arc<Memory>,
 }
 
 impl Queue {
@@ -317,14 +351,10 @@ impl Queue {
             head: client.versioned(&format!("{name}:head"))?,
             swept: client.versioned(&format!("{name}:swept"))?,
             tail: client.counter(&format!("{name}:tail"))?,
+            wake: LockName::new(&format!("{name}:wake"))?,
             lease: None,
             taker: Arc::default(),
-            memory: MEMORIES
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry((client.id().to_owned(), name.to_owned()))
-                .or_default()
-                .clone(),
+            memory: client.inner.memo(&format!("queue:{name}")),
         })
     }
 
@@ -360,7 +390,9 @@ impl Queue {
     ///
     /// # Errors
     /// [`InvalidInput`](ErrorKind::InvalidInput), with nothing pushed, for
-    /// a payload longer than [`MAX_ITEM_LEN`].
+    /// a payload longer than [`MAX_ITEM_LEN`]. Another error (a reply
+    /// lost) may come after the item was pushed: pushing it again then
+    /// delivers it twice, as at-least-once allows.
     ///
     /// # Cancel safety
     /// A push dropped before it finished either pushed the item or left a
@@ -378,16 +410,28 @@ impl Queue {
         for _ in 0..MAX_PUSH_RACES {
             let id = self.tail.add(1).await?;
             let id = u64::try_from(id).map_err(|_| {
-                Error::invalid(format!(
-                    "queue {:?}: its tail counter holds {id}, not an id",
-                    self.name
-                ))
+                Error::new(
+                    ErrorKind::Protocol,
+                    format!(
+                        "queue {:?}: its tail counter holds {id}, not an id",
+                        self.name
+                    ),
+                )
             })?;
             let name = self.item_name(id)?;
-            // Create-only, so refused where a taker gave this id up as
-            // a hole: then take another.
-            if self.write(&name, 0, &value).await? {
-                return Ok(id);
+            // Create it, or write it over a taker's mark of the hole: of
+            // this and a taker giving the hole up, exactly one wins.
+            let mut version = 0;
+            for _ in 0..3 {
+                if self.write(&name, version, &value).await? {
+                    self.wake_quietly().await;
+                    return Ok(id);
+                }
+                match self.read_item(&name).await? {
+                    (State::Watched(_), v) => version = v,
+                    // Given up: take another id.
+                    _ => break,
+                }
             }
         }
         Err(Error::new(
@@ -400,7 +444,8 @@ impl Queue {
         ))
     }
 
-    /// Waits for the oldest item nobody holds and takes it.
+    /// Waits for the oldest item nobody holds and takes it. A backend
+    /// that does not answer is tried again until it does.
     pub async fn take(&self) -> Result<Item> {
         self.take_until(None)
             .await?
@@ -412,7 +457,8 @@ impl Queue {
         self.take_until(Some(Instant::now())).await
     }
 
-    /// Waits up to `timeout` for an item; `None` if none came.
+    /// Waits up to `timeout` for an item; `None` if none came. The last
+    /// look may run past `timeout` by its own reads.
     pub async fn take_timeout(&self, timeout: Duration) -> Result<Option<Item>> {
         self.take_until(Instant::now().checked_add(timeout)).await
     }
@@ -420,7 +466,7 @@ impl Queue {
     /// How many items are waiting or taken: one read per item.
     pub async fn len(&self) -> Result<u64> {
         let (head, _) = self.read_head().await?;
-        let tail = self.read_tail().await?.0;
+        let tail = self.read_tail().await?;
         let mut n = 0;
         for id in head..=tail {
             let name = self.item_name(id)?;
@@ -438,46 +484,65 @@ impl Queue {
     }
 
     async fn take_until(&self, until: Option<Instant>) -> Result<Option<Item>> {
+        let mut pause = Duration::from_millis(50);
         loop {
-            let taker = self.taker().await?;
-            let (hole, tail_version) = match self.scan(&taker).await? {
-                Scan::Took(item) => return Ok(Some(*item)),
-                Scan::Nothing { hole, tail_version } => (hole, tail_version),
-            };
             let now = Instant::now();
-            if until.is_some_and(|u| u <= now) {
-                return Ok(None);
-            }
-            let look = Some(until.map_or(now + LOOK_EVERY, |u| u.min(now + LOOK_EVERY)));
-            let inner = &self.client.inner;
-            let moved = |seen: u64| {
-                move |raw: crate::spi::RegisterValue| {
-                    Ok((raw.map_or(0, |(_, v)| v) != seen).then_some(()))
+            match self.take_once(until).await {
+                Ok(Some(Some(item))) => return Ok(Some(item)),
+                Ok(Some(None)) => pause = Duration::from_millis(50),
+                Ok(None) => return Ok(None),
+                // A backend that does not answer: again, as acquisitions
+                // do, while the caller's wait lasts.
+                Err(e) if e.is_transient() && until.is_none_or(|u| now + pause < u) => {
+                    tracing::debug!(queue = %self.name, error = %e, "a take failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(LOOK_EVERY);
                 }
-            };
-            // A push or a give-back moves the tail; the pusher of a hole
-            // writes the hole.
-            let tail = inner.wait_register(self.tail_name(), look, moved(tail_version));
-            match hole {
-                None => drop(tail.await?),
-                Some(id) => {
-                    let name = self.item_name(id)?;
-                    let written = inner.wait_register(&name, look, moved(0));
-                    tokio::select! {
-                        r = tail => drop(r?),
-                        r = written => drop(r?),
-                    }
-                }
+                Err(e) => return Err(e),
             }
         }
     }
 
-    fn tail_name(&self) -> &LockName {
-        self.tail.lock_name()
-    }
-
-    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
-        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    /// One look, and one wait if it found nothing: `Some(Some(item))`,
+    /// `Some(None)` to look again, `None` once `until` has passed.
+    async fn take_once(&self, until: Option<Instant>) -> Result<Option<Option<Item>>> {
+        let taker = self.taker().await?;
+        // Read before the look: a push or give-back after it changes it.
+        let seen = self.read_raw(&self.wake).await?.map(|(v, _)| v);
+        let hole = match self.scan(&taker).await? {
+            Scan::Took(item) if item.is_held() => return Ok(Some(Some(*item))),
+            // Its taker's lease ended during the look: give it back, and
+            // look again with a taker that holds.
+            Scan::Took(item) => {
+                let _ = (*item).release().await;
+                return Ok(Some(None));
+            }
+            Scan::Nothing { hole } => hole,
+        };
+        let now = Instant::now();
+        if until.is_some_and(|u| u <= now) {
+            return Ok(None);
+        }
+        let look = Some(until.map_or(now + LOOK_EVERY, |u| u.min(now + LOOK_EVERY)));
+        let inner = &self.client.inner;
+        let woken = inner.wait_register(&self.wake, look, |raw| {
+            Ok((raw.map(|(v, _)| v) != seen).then_some(()))
+        });
+        match hole {
+            None => drop(woken.await?),
+            // Its pusher writes the hole, and wakes nobody until then.
+            Some((id, version)) => {
+                let name = self.item_name(id)?;
+                let written = inner.wait_register(&name, look, |raw| {
+                    Ok((raw.map_or(0, |(_, v)| v) != version).then_some(()))
+                });
+                tokio::select! {
+                    r = woken => drop(r?),
+                    r = written => drop(r?),
+                }
+            }
+        }
+        Ok(Some(None))
     }
 
     /// This handle's taker, taking a free slot if it has none (or lost it).
@@ -508,12 +573,20 @@ impl Queue {
         ))
     }
 
-    /// One pass from the head: takes the first item nobody holds, gives
-    /// up old holes, and moves the head over the done items before them.
+    fn done(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
+        self.memory.done.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One pass from the head: takes the first item nobody holds, marks
+    /// and gives up holes, and moves the head over the done items before
+    /// them (in the background).
     async fn scan(&self, taker: &Arc<Taker>) -> Result<Scan> {
         let (head, head_version) = self.read_head().await?;
-        let (tail, tail_version) = self.read_tail().await?;
-        self.memory().update(head, tail);
+        let tail = self.read_tail().await?;
+        {
+            let mut done = self.done();
+            *done = done.split_off(&head);
+        }
         let mut live = Live::default();
         // The first id not read done in this pass: the head may move to it.
         let mut first_open = head;
@@ -522,22 +595,21 @@ impl Queue {
         for id in head..=tail {
             // What this client saw done is done, but the head moves only
             // over what this pass read.
-            let done = if id != first_open && self.memory().done.contains(&id) {
+            let done = if id != first_open && self.done().contains(&id) {
                 true
             } else {
                 let name = self.item_name(id)?;
                 let (state, version) = self.read_item(&name).await?;
-                if state != State::Missing {
-                    self.memory().holes.remove(&id);
-                }
                 match state {
                     State::Done | State::GivenUp => true,
-                    State::Missing => {
-                        let done = self.give_up_hole(id, &name).await?;
-                        if !done {
-                            hole.get_or_insert(id);
+                    State::Missing | State::Watched(_) => {
+                        match self.watch_hole(id, &name, state, version).await? {
+                            Hole::Done => true,
+                            Hole::Open(v) => {
+                                hole.get_or_insert((id, v));
+                                false
+                            }
                         }
-                        done
                     }
                     State::Waiting {
                         deliveries,
@@ -564,7 +636,7 @@ impl Queue {
                 }
             };
             if done {
-                self.memory().done.insert(id);
+                self.done().insert(id);
                 if first_open == id {
                     first_open = id + 1;
                 }
@@ -574,16 +646,47 @@ impl Queue {
             }
         }
         if first_open > head {
-            // Housekeeping: a take that got its item has it, whatever
-            // happens here.
-            if let Err(e) = self.advance(head, head_version, first_open).await {
-                tracing::debug!(queue = %self.name, error = %e, "moving the head on failed; the next take will");
-            }
+            self.advance_later(head, head_version, first_open);
         }
         Ok(match took {
             Some(item) => Scan::Took(Box::new(item)),
-            None => Scan::Nothing { hole, tail_version },
+            None => Scan::Nothing { hole },
         })
+    }
+
+    /// A hole at `id` (its register read as `state` at `version`): marks
+    /// it if unmarked, gives it up if marked long enough ago.
+    async fn watch_hole(
+        &self,
+        id: u64,
+        name: &LockName,
+        state: State,
+        version: u64,
+    ) -> Result<Hole> {
+        let grace = self.client.request_timeout() * 2;
+        match state {
+            State::Missing => {
+                if id < self.read_head().await?.0 {
+                    // Passed and swept while this pass went on.
+                    return Ok(Hole::Done);
+                }
+                let mark = format!("w{}", wall_ms());
+                // Refused: its pusher (or another taker) wrote it first.
+                let marked = self.write(name, 0, mark.as_bytes()).await?;
+                Ok(Hole::Open(u64::from(marked)))
+            }
+            State::Watched(since)
+                if wall_ms().saturating_sub(since) >= grace.as_millis() as u64 =>
+            {
+                if self.write(name, version, GIVEN_UP).await? {
+                    Ok(Hole::Done)
+                } else {
+                    // Its pusher wrote it after all.
+                    Ok(Hole::Open(version + 1))
+                }
+            }
+            _ => Ok(Hole::Open(version)),
+        }
     }
 
     /// Whether the taker in `slot` that held it with token `held_by`
@@ -627,50 +730,58 @@ impl Queue {
         deliveries: u32,
         payload: Vec<u8>,
     ) -> Result<Option<Item>> {
-        let deliveries = deliveries.saturating_add(1);
-        let value = State::taken(deliveries, taker.slot, taker.token(), &payload);
+        let token = crate::spi::codec::next_version(&name, version)?;
+        let delivery = deliveries.saturating_add(1);
         // Held from before the write: a take of this handle that reads the
-        // item meanwhile must not take it as an orphan. Let go again if
-        // this write is refused, fails, or is dropped.
-        let taking = Taking::new(taker, id);
-        if !self.write(&name, version, &value).await? {
+        // item meanwhile must not take it as an orphan.
+        taker.hold(id);
+        let mut taking = Taking {
+            queue: self.clone(),
+            taker: taker.clone(),
+            id,
+            taken: State::taken(
+                delivery,
+                taker.slot,
+                taker.token(),
+                fastrand::u64(..),
+                &payload,
+            ),
+            waiting: State::waiting(deliveries, &payload),
+            name,
+            version,
+            answered: false,
+        };
+        let took = self.write(&taking.name, version, &taking.taken).await?;
+        taking.answered = true;
+        if !took {
             return Ok(None);
         }
-        taking.keep();
+        // The item's hold passes from the take to the Item.
+        taker.hold(id);
         Ok(Some(Item {
             queue: self.clone(),
             id,
-            token: crate::spi::codec::next_version(&name, version)?,
-            name,
-            deliveries,
+            name: taking.name.clone(),
+            token,
+            deliveries: delivery,
             payload,
             taker: taker.clone(),
             settled: false,
         }))
     }
 
-    /// Gives up the hole `id` if it has been one for long enough: whether
-    /// it is done now.
-    async fn give_up_hole(&self, id: u64, name: &LockName) -> Result<bool> {
-        let grace = self.client.request_timeout() * 2;
-        let since = *self.memory().holes.entry(id).or_insert_with(Instant::now);
-        if since.elapsed() < grace {
-            return Ok(false);
-        }
-        if id < self.read_head().await?.0 {
-            // The head passed it while this client was not looking: it
-            // was done, and swept.
-            return Ok(true);
-        }
-        // Not passed, so never written: give it up, unless its pusher
-        // writes it first.
-        let given_up = self.write(name, 0, GIVEN_UP).await?;
-        self.memory().holes.remove(&id);
-        Ok(given_up)
+    /// Moves the head from `head` to `to` in the background, if nobody
+    /// moved it since the read at `version`, and then sweeps: work that no
+    /// take or acknowledgement waits for.
+    fn advance_later(&self, head: u64, version: u64, to: u64) {
+        let queue = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = queue.advance(head, version, to).await {
+                tracing::debug!(queue = %queue.name, error = %e, "moving the head on failed; the next take will");
+            }
+        });
     }
 
-    /// Moves the head from `head` to `to`, if nobody moved it since the
-    /// read at `version`, and then sweeps.
     async fn advance(&self, head: u64, version: u64, to: u64) -> Result<()> {
         // Nothing to pass (another handle passed and swept it meanwhile).
         if to <= head {
@@ -682,17 +793,18 @@ impl Queue {
         Ok(())
     }
 
-    /// Deletes the acknowledged items' registers below `head` (given-up
-    /// holes stay: see the module's notes).
+    /// Deletes the acknowledged items' registers below `head`, at most
+    /// [`MAX_SWEEP`] of them (given-up holes stay: see the module's notes).
     async fn sweep(&self, head: u64) -> Result<()> {
         let (from, version) = match self.swept.read().await? {
             None => (1, 0),
             Some(v) => (self.parse_id(&v.value, "swept")?, v.version),
         };
-        if from >= head {
+        let to = head.min(from.saturating_add(MAX_SWEEP));
+        if from >= to {
             return Ok(());
         }
-        for id in from..head {
+        for id in from..to {
             // Done is final, so a read then a delete is safe.
             let name = self.item_name(id)?;
             if self.read_item(&name).await?.0 == State::Done {
@@ -700,9 +812,7 @@ impl Queue {
             }
         }
         // Lost to another sweeper: it swept as far, or the next one will.
-        self.swept
-            .compare_and_set(version, head.to_string())
-            .await?;
+        self.swept.compare_and_set(version, to.to_string()).await?;
         Ok(())
     }
 
@@ -711,10 +821,13 @@ impl Queue {
             .ok()
             .and_then(|t| t.parse().ok())
             .ok_or_else(|| {
-                Error::invalid(format!(
-                    "queue {:?}: its {what} register does not hold an id",
-                    self.name
-                ))
+                Error::new(
+                    ErrorKind::Protocol,
+                    format!(
+                        "queue {:?}: its {what} register does not hold an id",
+                        self.name
+                    ),
+                )
             })
     }
 
@@ -726,27 +839,25 @@ impl Queue {
         }
     }
 
-    /// The last id handed out and the tail register's version.
-    async fn read_tail(&self) -> Result<(u64, u64)> {
-        let name = self.tail_name();
-        let got = self
-            .client
-            .inner
-            .read("register_read", |b| b.register_read(name))
-            .await?;
-        let Some((raw, version)) = got else {
-            return Ok((0, 0));
+    /// The last id handed out.
+    async fn read_tail(&self) -> Result<u64> {
+        let name = self.tail.lock_name();
+        let Some((raw, _)) = self.read_raw(name).await? else {
+            return Ok(0);
         };
         let n = crate::spi::codec::parse_i64(name, &raw)?;
-        Ok((u64::try_from(n).unwrap_or(0), version))
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn read_raw(&self, name: &LockName) -> Result<crate::spi::RegisterValue> {
+        self.client
+            .inner
+            .read("register_read", |b| b.register_read(name))
+            .await
     }
 
     async fn read_item(&self, name: &LockName) -> Result<(State, u64)> {
-        let got = self
-            .client
-            .inner
-            .read("register_read", |b| b.register_read(name))
-            .await?;
+        let got = self.read_raw(name).await?;
         let version = got.as_ref().map_or(0, |(_, v)| *v);
         Ok((
             State::parse(name, got.as_ref().map(|(v, _)| &v[..]))?,
@@ -775,9 +886,24 @@ impl Queue {
             .await
     }
 
-    /// Wakes waiting takers: the tail's version moves on.
-    async fn poke(&self) -> Result<()> {
-        self.tail.add(0).await.map(drop)
+    /// Wakes waiting takers: a new value in the wake register. Its failure
+    /// only costs them a look of their own.
+    async fn wake_quietly(&self) {
+        let inner = &self.client.inner;
+        let nonce = fastrand::u64(..).to_string();
+        let wrote = inner
+            .write(
+                "register_write",
+                inner.backend.register_write(RegisterWrite {
+                    name: &self.wake,
+                    value: nonce.as_bytes(),
+                    rule: WriteRule::Always,
+                }),
+            )
+            .await;
+        if let Err(e) = wrote {
+            tracing::debug!(queue = %self.name, error = %e, "waking takers failed; they look on their own");
+        }
     }
 }
 
@@ -786,14 +912,20 @@ impl Queue {
 #[derive(Default)]
 struct Live(HashMap<u32, (Vec<u64>, u64)>);
 
+/// What became of a hole: done (given up, or passed), or still open at
+/// this version of its register.
+enum Hole {
+    Done,
+    Open(u64),
+}
+
 /// What a pass from the head found.
 enum Scan {
     Took(Box<Item>),
-    /// Nothing to take: wait for the tail to move on from this version,
-    /// or for the hole, if any, to be written.
+    /// Nothing to take: wait for a wake, or for the first hole, if any,
+    /// to be written past this version.
     Nothing {
-        hole: Option<u64>,
-        tail_version: u64,
+        hole: Option<(u64, u64)>,
     },
 }
 
@@ -826,7 +958,8 @@ impl Item {
     }
 
     /// How many times the item has been taken, this time included: more
-    /// than 1 after a taker gave it back or died holding it.
+    /// than 1 after a taker gave it back, died holding it, or had its
+    /// take cancelled after the write.
     pub fn deliveries(&self) -> u32 {
         self.deliveries
     }
@@ -854,47 +987,61 @@ impl Item {
     /// # Errors
     /// [`Lost`](ErrorKind::Lost) if another taker took the item after this
     /// taker's lease ended: the item is theirs, and stays in the queue
-    /// until they finish it. Any other error leaves the item unfinished
-    /// (or finished, if the write landed and its reply was lost), and
-    /// given back when the `Item` is dropped.
+    /// until they finish it. Any other error leaves the item unfinished,
+    /// and it is given back when the `Item` is dropped; a write whose
+    /// reply was lost is read back, and counts if it landed.
     pub async fn ack(mut self) -> Result<()> {
-        let finished = self.queue.write(&self.name, self.token, DONE).await?;
+        let finished = match self.queue.write(&self.name, self.token, DONE).await {
+            Ok(f) => f,
+            Err(e) if self.finish_landed().await => {
+                tracing::debug!(queue = %self.queue.name, error = %e, "an acknowledgement's reply was lost, but it landed");
+                true
+            }
+            Err(e) => return Err(e),
+        };
         self.settled = true;
         if !finished {
             return Err(self.taken_over());
         }
-        self.queue.memory().done.insert(self.id);
-        // Housekeeping: the item is finished, whatever happens here.
-        if let Err(e) = self.move_head().await {
-            tracing::debug!(queue = %self.queue.name, error = %e, "moving the head on failed; the next take will");
-        }
+        self.queue.done().insert(self.id);
+        // If it was the head, move the head on (in the background).
+        let queue = self.queue.clone();
+        let id = self.id;
+        tokio::spawn(async move {
+            if let Err(e) = queue.move_head_from(id).await {
+                tracing::debug!(queue = %queue.name, error = %e, "moving the head on failed; the next take will");
+            }
+        });
         Ok(())
     }
 
-    /// Moves the head over this item and the done ones after it, if it
-    /// was the head.
-    async fn move_head(&self) -> Result<()> {
-        let (head, version) = self.queue.read_head().await?;
-        if head != self.id {
-            return Ok(());
+    /// Whether this delivery's acknowledgement is in the register (or was,
+    /// and has been swept since), read after its write's reply was lost.
+    async fn finish_landed(&self) -> bool {
+        match self.queue.read_item(&self.name).await {
+            Ok((State::Done, version)) => version == self.token + 1,
+            Ok((State::Missing, _)) => {
+                matches!(self.queue.read_head().await, Ok((head, _)) if self.id < head)
+            }
+            _ => false,
         }
-        let mut to = head;
-        while let (State::Done | State::GivenUp, _) =
-            self.queue.read_item(&self.queue.item_name(to)?).await?
-        {
-            to += 1;
-        }
-        self.queue.advance(head, version, to).await
     }
 
     /// Gives the item back to the queue now, for the next take; `false` if
     /// another taker had taken it already (after this taker's lease ended).
+    /// A write whose reply was lost is read back, and counts if it landed.
     pub async fn release(mut self) -> Result<bool> {
         let value = State::waiting(self.deliveries, &self.payload);
-        let given = self.queue.write(&self.name, self.token, &value).await?;
+        let given = match self.queue.write(&self.name, self.token, &value).await {
+            Ok(g) => g,
+            Err(e) => match self.queue.read_raw(&self.name).await {
+                Ok(Some((v, version))) if v == value && version == self.token + 1 => true,
+                _ => return Err(e),
+            },
+        };
         self.settled = true;
         if given {
-            self.queue.poke_quietly().await;
+            self.queue.wake_quietly().await;
         }
         Ok(given)
     }
@@ -911,12 +1058,18 @@ impl Item {
 }
 
 impl Queue {
-    /// [`poke`](Self::poke), whose failure only costs waiting takers a
-    /// look of their own.
-    async fn poke_quietly(&self) {
-        if let Err(e) = self.poke().await {
-            tracing::debug!(queue = %self.name, error = %e, "waking takers failed; they look on their own");
+    /// Moves the head over item `id` and the done ones after it, if `id`
+    /// is the head.
+    async fn move_head_from(&self, id: u64) -> Result<()> {
+        let (head, version) = self.read_head().await?;
+        if head != id {
+            return Ok(());
         }
+        let mut to = head;
+        while let (State::Done | State::GivenUp, _) = self.read_item(&self.item_name(to)?).await? {
+            to += 1;
+        }
+        self.advance(head, version, to).await
     }
 }
 
@@ -936,7 +1089,7 @@ impl Drop for Item {
         let token = self.token;
         rt.spawn(async move {
             match queue.write(&name, token, &value).await {
-                Ok(true) => queue.poke_quietly().await,
+                Ok(true) => queue.wake_quietly().await,
                 Ok(false) => {}
                 Err(e) => {
                     tracing::debug!(queue = %queue.name, error = %e, "an item dropped unfinished was not given back; the next take of its handle takes it again");
@@ -961,7 +1114,7 @@ mod tests {
                 payload: b"a:b".to_vec()
             }
         );
-        let t = State::taken(4, 7, 99, b"");
+        let t = State::taken(4, 7, 99, 5, b"");
         assert_eq!(
             State::parse(&name, Some(&t)).unwrap(),
             State::Taken {
@@ -973,8 +1126,23 @@ mod tests {
         );
         assert_eq!(State::parse(&name, Some(DONE)).unwrap(), State::Done);
         assert_eq!(State::parse(&name, Some(GIVEN_UP)).unwrap(), State::GivenUp);
+        assert_eq!(
+            State::parse(&name, Some(b"w17")).unwrap(),
+            State::Watched(17)
+        );
         assert_eq!(State::parse(&name, None).unwrap(), State::Missing);
-        for bad in [&b""[..], b"x1", b"h:", b"p", b"pq:", b"t1:2:", b"17"] {
+        for bad in [
+            &b""[..],
+            b"x1",
+            b"h:",
+            b"w",
+            b"wq",
+            b"t1:2:3:",
+            b"p",
+            b"pq:",
+            b"t1:2:",
+            b"17",
+        ] {
             assert!(State::parse(&name, Some(bad)).is_err(), "{bad:?}");
         }
     }

@@ -32,6 +32,10 @@ pub(crate) struct Engine {
     /// Slots for server calls in the background: acquisition tries and the
     /// worker's jobs (see `worker::MAX_CALLS`).
     pub(crate) calls: Arc<tokio::sync::Semaphore>,
+    /// What recipes remember per client between calls, by key (a work
+    /// queue's done items): dropped with the client.
+    pub(crate) memos:
+        std::sync::Mutex<std::collections::HashMap<String, Arc<dyn std::any::Any + Send + Sync>>>,
 }
 
 /// Sends a release to the worker unless disarmed: what makes an
@@ -50,6 +54,20 @@ impl Drop for PendingRelease<'_> {
 }
 
 impl Engine {
+    /// The memo of this client under `key`, made empty on first use.
+    pub(crate) fn memo<T: Default + Send + Sync + 'static>(&self, key: &str) -> Arc<T> {
+        let mut memos = self.memos.lock().unwrap_or_else(|p| p.into_inner());
+        let any = memos
+            .entry(key.to_owned())
+            .or_insert_with(|| Arc::new(T::default()));
+        match any.clone().downcast::<T>() {
+            Ok(t) => t,
+            // Another kind under the same key: a new one for this caller
+            // (keys name their kind, so only a bug gets here).
+            Err(_) => Arc::new(T::default()),
+        }
+    }
+
     pub(crate) fn owner_key(&self, owner_id: &str) -> String {
         format!("{}:{owner_id}", self.id)
     }
