@@ -129,10 +129,16 @@ enum QueueOp {
     Take {
         #[command(flatten)]
         wait: WaitArgs,
-        /// The taker's lease, renewed every third of it while CMD runs.
+        /// The taker's lease, renewed every third of it while this process
+        /// lives.
         #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION",
               allow_hyphen_values = true)]
         lease: Duration,
+        /// The exit code when no item came within --timeout (as `run`'s
+        /// `-E`: set it apart from CMD's own codes).
+        #[arg(short = 'E', long, value_name = "CODE", default_value_t = EXIT_NOT_ACQUIRED,
+              value_parser = clap::value_parser!(u8).range(1..))]
+        conflict_exit_code: u8,
         /// The command and its arguments.
         #[arg(last = true, value_name = "CMD")]
         cmd: Vec<String>,
@@ -297,76 +303,104 @@ pub(crate) async fn queue(backend: Option<String>, args: QueueArgs) -> anyhow::R
                 println!("{}", queue.len().await?);
                 Ok(ExitCode::SUCCESS)
             }
-            QueueOp::Take { wait, lease, cmd } => {
+            QueueOp::Take {
+                wait,
+                lease,
+                conflict_exit_code,
+                cmd,
+            } => {
                 let queue = queue.lease(lease);
-                if !cmd.is_empty() {
-                    // What the taker slot's holder record shows.
-                    client.set_command(&crate::run::shown_command(&cmd));
+                let code = take(&client, &queue, &args.name, wait, conflict_exit_code, cmd).await;
+                // Its slot goes before the client closes (which would
+                // call it lost).
+                if let Err(e) = queue.release_taker().await {
+                    tracing::debug!(error = %e, "releasing the taker slot failed; its lease frees it");
                 }
-                let item = match wait.timeout {
-                    None => Some(queue.take().await?),
-                    Some(d) => queue.take_timeout(d).await?,
-                };
-                let Some(item) = item else {
-                    eprintln!("fenced: queue {:?}: no item within the wait", args.name);
-                    return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
-                };
-                if cmd.is_empty() {
-                    use tokio::io::AsyncWriteExt;
-                    let mut out = tokio::io::stdout();
-                    out.write_all(item.payload()).await?;
-                    out.flush().await?;
-                    item.ack().await?;
-                    return Ok(ExitCode::SUCCESS);
-                }
-                let what = format!("the lease of queue {:?}'s item {}", args.name, item.id());
-                if !item.is_held() {
-                    eprintln!("fenced: lost {what} before the command started; given back");
-                    let _ = item.release().await;
-                    return Ok(ExitCode::from(crate::EXIT_LOST));
-                }
-                let env = [
-                    ("FENCED_QUEUE", args.name.clone()),
-                    ("FENCED_ITEM", item.id().to_string()),
-                    ("FENCED_TOKEN", item.fencing_token().to_string()),
-                    ("FENCED_DELIVERIES", item.deliveries().to_string()),
-                ];
-                let ran = crate::run::supervise(
-                    &cmd,
-                    &env,
-                    Some(item.payload().to_vec()),
-                    item.lost(),
-                    crate::run::OnLost::Kill,
-                    &what,
-                )
-                .await?;
-                let code = match ran {
-                    crate::run::Ran::Exited(code) if code == ExitCode::SUCCESS => {
-                        return match item.ack().await {
-                            Ok(()) => Ok(code),
-                            Err(e) if e.kind() == fenced::ErrorKind::Lost => {
-                                eprintln!("fenced: {e}");
-                                Ok(ExitCode::from(crate::EXIT_LOST))
-                            }
-                            Err(e) => Err(e.into()),
-                        };
-                    }
-                    // Its taker's lease is gone: the item is the next
-                    // taker's.
-                    crate::run::Ran::Lost => return Ok(ExitCode::from(crate::EXIT_LOST)),
-                    crate::run::Ran::Exited(code) => code,
-                    crate::run::Ran::NotRun => ExitCode::from(127),
-                };
-                if let Err(e) = item.release().await {
-                    eprintln!(
-                        "fenced: giving item back to queue {:?} failed ({e}); it goes back when \
-                         the lease ends",
-                        args.name
-                    );
-                }
-                Ok(code)
+                code
             }
         }
     })
     .await
+}
+
+/// The exit code after an item's acknowledgement: `code` once finished, 76
+/// if another taker had it (this one's lease had ended).
+fn finished(acked: fenced::Result<()>, code: ExitCode) -> anyhow::Result<ExitCode> {
+    match acked {
+        Ok(()) => Ok(code),
+        Err(e) if e.kind() == fenced::ErrorKind::Lost => {
+            eprintln!("fenced: {e}");
+            Ok(ExitCode::from(crate::EXIT_LOST))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `fenced queue NAME take`: one item, printed or run by CMD.
+async fn take(
+    client: &fenced::Client,
+    queue: &fenced::Queue,
+    name: &str,
+    wait: WaitArgs,
+    conflict_exit_code: u8,
+    cmd: Vec<String>,
+) -> anyhow::Result<ExitCode> {
+    if !cmd.is_empty() {
+        // What the taker slot's holder record shows.
+        client.set_command(&crate::run::shown_command(&cmd));
+    }
+    let item = match wait.timeout {
+        None => Some(queue.take().await?),
+        Some(d) => queue.take_timeout(d).await?,
+    };
+    let Some(item) = item else {
+        eprintln!("fenced: queue {:?}: no item within the wait", name);
+        return Ok(ExitCode::from(conflict_exit_code));
+    };
+    if cmd.is_empty() {
+        use tokio::io::AsyncWriteExt;
+        let mut out = tokio::io::stdout();
+        out.write_all(item.payload()).await?;
+        out.flush().await?;
+        return finished(item.ack().await, ExitCode::SUCCESS);
+    }
+    let what = format!("the lease of queue {:?}'s item {}", name, item.id());
+    if !item.is_held() {
+        eprintln!("fenced: lost {what} before the command started; given back");
+        let _ = item.release().await;
+        return Ok(ExitCode::from(crate::EXIT_LOST));
+    }
+    let env = [
+        ("FENCED_QUEUE", name.to_owned()),
+        ("FENCED_ITEM", item.id().to_string()),
+        ("FENCED_TOKEN", item.fencing_token().to_string()),
+        ("FENCED_DELIVERIES", item.deliveries().to_string()),
+    ];
+    let ran = crate::run::supervise(
+        &cmd,
+        &env,
+        Some(item.payload().to_vec()),
+        item.lost(),
+        crate::run::OnLost::Kill,
+        &what,
+    )
+    .await?;
+    let code = match ran {
+        crate::run::Ran::Exited(code) if code == ExitCode::SUCCESS => {
+            return finished(item.ack().await, code);
+        }
+        // Its taker's lease is gone: the item is the next
+        // taker's.
+        crate::run::Ran::Lost => return Ok(ExitCode::from(crate::EXIT_LOST)),
+        crate::run::Ran::Exited(code) => code,
+        crate::run::Ran::NotRun => ExitCode::from(127),
+    };
+    if let Err(e) = item.release().await {
+        eprintln!(
+            "fenced: giving item back to queue {:?} failed ({e}); it goes back when \
+                         the lease ends",
+            name
+        );
+    }
+    Ok(code)
 }

@@ -66,6 +66,12 @@ const MAX_SWEEP: u64 = 1000;
 /// The longest suffix a queue adds to its name: `:item:` and 20 digits.
 const LONGEST_SUFFIX: usize = ":item:".len() + 20;
 
+/// How many times the background give-back of an item (a dropped
+/// [`Item`], a take whose answer was lost) tries, a request timeout apart,
+/// while its taker holds its lease; after that, the next take of its
+/// handle takes the item again, or its lease ends.
+const GIVE_BACK_TRIES: u32 = 3;
+
 /// What an acknowledged item's register holds.
 const DONE: &[u8] = b"x";
 
@@ -241,28 +247,37 @@ impl Drop for Taking {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let queue = self.queue.clone();
+        let queue = self.queue.detached();
         let name = self.name.clone();
         let (taken, waiting) = (
             std::mem::take(&mut self.taken),
             std::mem::take(&mut self.waiting),
         );
-        let landed = self.version + 1;
+        let (before, landed) = (self.version, self.version + 1);
         let id = self.id;
         let taker = self.taker.clone();
         rt.spawn(async move {
-            // Taken again by this taker meanwhile: it is that take's now.
-            if taker.holds(id) {
-                return;
-            }
-            let read = queue.read_raw(&name).await;
-            if let Ok(Some((value, version))) = read
-                && version == landed
-                && value == taken
-                && !taker.holds(id)
-                && matches!(queue.write(&name, version, &waiting).await, Ok(true))
-            {
-                queue.wake_quietly().await;
+            // A write still in flight may land up to a request timeout
+            // later: look until it has, or cannot any more.
+            for _ in 0..GIVE_BACK_TRIES {
+                // Taken again by this taker meanwhile: it is that take's now.
+                if taker.holds(id) || !taker.guard.is_held() {
+                    return;
+                }
+                match queue.read_raw(&name).await {
+                    Ok(Some((value, version))) if version == landed && value == taken => {
+                        if !taker.holds(id)
+                            && matches!(queue.write(&name, version, &waiting).await, Ok(true))
+                        {
+                            queue.wake_quietly().await;
+                        }
+                        return;
+                    }
+                    Ok(Some((_, version))) if version != before => return,
+                    Ok(None) if before != 0 => return,
+                    _ => {}
+                }
+                tokio::time::sleep(queue.client.request_timeout()).await;
             }
         });
     }
@@ -302,7 +317,8 @@ struct Memory {
 /// rather than making one per take: each takes a slot lock of its own,
 /// held until the handle and its items are dropped. Queues suit light
 /// load (the seeds' advice for queues on ZooKeeper holds on every engine
-/// here): a take reads every item in flight before the first waiting one.
+/// here): a take reads every item from the oldest unfinished one (less
+/// those this client saw finished) to the first waiting one.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -373,6 +389,27 @@ impl Queue {
         self
     }
 
+    /// Lets go of this handle's taker slot now, rather than when the
+    /// handle's last clone is dropped: items it holds that are not
+    /// finished or given back by then go to other takers once their
+    /// [`Item`]s are dropped too. The next take takes a slot again.
+    pub async fn release_taker(&self) -> Result<()> {
+        let taker = self.taker.lock().await.take();
+        if let Some(taker) = taker.and_then(|t| Arc::try_unwrap(t).ok()) {
+            taker.guard.release().await?;
+        }
+        Ok(())
+    }
+
+    /// A handle for work in the background: the same queue, without this
+    /// handle's taker (which that work must not keep held).
+    fn detached(&self) -> Queue {
+        Queue {
+            taker: Arc::default(),
+            ..self.clone()
+        }
+    }
+
     fn item_name(&self, id: u64) -> Result<LockName> {
         LockName::new(&format!("{}:item:{id}", self.name))
     }
@@ -430,7 +467,14 @@ impl Queue {
                 match self.read_item(&name).await? {
                     (State::Watched(_), v) => version = v,
                     // Given up: take another id.
-                    _ => break,
+                    (State::GivenUp, _) => break,
+                    // The id is this push's alone: anything else there
+                    // (even gone, finished and swept) is its write, which
+                    // landed although its reply said otherwise.
+                    _ => {
+                        self.wake_quietly().await;
+                        return Ok(id);
+                    }
                 }
             }
         }
@@ -675,8 +719,11 @@ impl Queue {
                 let marked = self.write(name, 0, mark.as_bytes()).await?;
                 Ok(Hole::Open(u64::from(marked)))
             }
+            // Old by this taker's clock, or dated beyond it by more than
+            // the grace (a marker whose clock runs ahead).
             State::Watched(since)
-                if wall_ms().saturating_sub(since) >= grace.as_millis() as u64 =>
+                if wall_ms().abs_diff(since)
+                    >= u64::try_from(grace.as_millis()).unwrap_or(u64::MAX) =>
             {
                 if self.write(name, version, GIVEN_UP).await? {
                     Ok(Hole::Done)
@@ -774,7 +821,7 @@ impl Queue {
     /// moved it since the read at `version`, and then sweeps: work that no
     /// take or acknowledgement waits for.
     fn advance_later(&self, head: u64, version: u64, to: u64) {
-        let queue = self.clone();
+        let queue = self.detached();
         tokio::spawn(async move {
             if let Err(e) = queue.advance(head, version, to).await {
                 tracing::debug!(queue = %queue.name, error = %e, "moving the head on failed; the next take will");
@@ -805,9 +852,14 @@ impl Queue {
             return Ok(());
         }
         for id in from..to {
-            // Done is final, so a read then a delete is safe.
+            // Done is final, so a read then a delete is safe; a hole's
+            // mark below the head is one a look left after the head had
+            // passed (its pusher long done).
             let name = self.item_name(id)?;
-            if self.read_item(&name).await?.0 == State::Done {
+            if matches!(
+                self.read_item(&name).await?.0,
+                State::Done | State::Watched(_)
+            ) {
                 self.delete(&name).await?;
             }
         }
@@ -1005,7 +1057,7 @@ impl Item {
         }
         self.queue.done().insert(self.id);
         // If it was the head, move the head on (in the background).
-        let queue = self.queue.clone();
+        let queue = self.queue.detached();
         let id = self.id;
         tokio::spawn(async move {
             if let Err(e) = queue.move_head_from(id).await {
@@ -1020,7 +1072,9 @@ impl Item {
     async fn finish_landed(&self) -> bool {
         match self.queue.read_item(&self.name).await {
             Ok((State::Done, version)) => version == self.token + 1,
-            Ok((State::Missing, _)) => {
+            // Finished and swept since: by this taker only if its lease
+            // never lapsed (else another may have finished it).
+            Ok((State::Missing, _)) if self.is_held() => {
                 matches!(self.queue.read_head().await, Ok((head, _)) if self.id < head)
             }
             _ => false,
@@ -1083,17 +1137,24 @@ impl Drop for Item {
             // No runtime to give it back on: its lease gives it back.
             return;
         };
-        let queue = self.queue.clone();
+        let queue = self.queue.detached();
         let name = self.name.clone();
         let value = State::waiting(self.deliveries, &self.payload);
         let token = self.token;
+        let taker = self.taker.clone();
         rt.spawn(async move {
-            match queue.write(&name, token, &value).await {
-                Ok(true) => queue.wake_quietly().await,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::debug!(queue = %queue.name, error = %e, "an item dropped unfinished was not given back; the next take of its handle takes it again");
+            for _ in 0..GIVE_BACK_TRIES {
+                match queue.write(&name, token, &value).await {
+                    Ok(true) => return queue.wake_quietly().await,
+                    Ok(false) => return,
+                    Err(e) => {
+                        tracing::debug!(queue = %queue.name, error = %e, "giving back an item dropped unfinished failed");
+                    }
                 }
+                if !taker.guard.is_held() {
+                    return;
+                }
+                tokio::time::sleep(queue.client.request_timeout()).await;
             }
         });
     }
