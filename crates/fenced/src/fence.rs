@@ -4,8 +4,8 @@ use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::Guard;
 use crate::name::LockName;
+use crate::spi::WriteRule;
 use crate::spi::codec::parse_i64;
-use crate::spi::{RegisterWrite, WriteRule};
 
 /// A value stored in the lock backend that accepts a write only with a
 /// fencing token at least as high as the highest it has seen.
@@ -87,16 +87,8 @@ impl FencedRegister {
     /// # Errors
     /// [`StaleToken`](ErrorKind::StaleToken) if a higher token has written before.
     pub async fn write_with_token(&self, token: u64, value: impl AsRef<[u8]>) -> Result<()> {
-        let inner = &self.client.inner;
-        let accepted = inner
-            .write(
-                "register_write",
-                inner.backend.register_write(RegisterWrite {
-                    name: &self.name,
-                    value: value.as_ref(),
-                    rule: WriteRule::Fence(token),
-                }),
-            )
+        let accepted = (self.client.inner)
+            .write_register(&self.name, value.as_ref(), WriteRule::Fence(token))
             .await?;
         if accepted {
             Ok(())
@@ -114,16 +106,8 @@ impl FencedRegister {
     /// Writes with no fence check (to seed the value, or to show what goes
     /// wrong without a lock). The highest fence seen is kept.
     pub async fn write_unfenced(&self, value: impl AsRef<[u8]>) -> Result<()> {
-        let inner = &self.client.inner;
-        inner
-            .write(
-                "register_write",
-                inner.backend.register_write(RegisterWrite {
-                    name: &self.name,
-                    value: value.as_ref(),
-                    rule: WriteRule::Always,
-                }),
-            )
+        (self.client.inner)
+            .write_register(&self.name, value.as_ref(), WriteRule::Always)
             .await
             .map(|_| ())
     }

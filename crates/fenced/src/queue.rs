@@ -43,7 +43,7 @@ use crate::client::Client;
 use crate::core::hold::LostReason;
 use crate::error::{Error, ErrorKind, Result};
 use crate::name::LockName;
-use crate::spi::{RegisterWrite, WriteRule};
+use crate::spi::WriteRule;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -918,16 +918,8 @@ impl Queue {
     }
 
     async fn write(&self, name: &LockName, version: u64, value: &[u8]) -> Result<bool> {
-        let inner = &self.client.inner;
-        inner
-            .write(
-                "register_write",
-                inner.backend.register_write(RegisterWrite {
-                    name,
-                    value,
-                    rule: WriteRule::Version(version),
-                }),
-            )
+        (self.client.inner)
+            .write_register(name, value, WriteRule::Version(version))
             .await
     }
 
@@ -941,17 +933,9 @@ impl Queue {
     /// Wakes waiting takers: a new value in the wake register. Its failure
     /// only costs them a look of their own.
     async fn wake_quietly(&self) {
-        let inner = &self.client.inner;
         let nonce = fastrand::u64(..).to_string();
-        let wrote = inner
-            .write(
-                "register_write",
-                inner.backend.register_write(RegisterWrite {
-                    name: &self.wake,
-                    value: nonce.as_bytes(),
-                    rule: WriteRule::Always,
-                }),
-            )
+        let wrote = (self.client.inner)
+            .write_register(&self.wake, nonce.as_bytes(), WriteRule::Always)
             .await;
         if let Err(e) = wrote {
             tracing::debug!(queue = %self.name, error = %e, "waking takers failed; they look on their own");

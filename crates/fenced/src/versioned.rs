@@ -4,7 +4,7 @@
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
 use crate::name::LockName;
-use crate::spi::{RegisterWrite, WriteRule};
+use crate::spi::WriteRule;
 use std::time::Duration;
 
 /// A value and the number of writes that made it.
@@ -97,16 +97,8 @@ impl VersionedValue {
     /// written); `true` when written, the version then being `version + 1`,
     /// and `false` when another writer got there first.
     pub async fn compare_and_set(&self, version: u64, value: impl AsRef<[u8]>) -> Result<bool> {
-        let inner = &self.client.inner;
-        inner
-            .write(
-                "register_write",
-                inner.backend.register_write(RegisterWrite {
-                    name: &self.name,
-                    value: value.as_ref(),
-                    rule: WriteRule::Version(version),
-                }),
-            )
+        (self.client.inner)
+            .write_register(&self.name, value.as_ref(), WriteRule::Version(version))
             .await
     }
 

@@ -169,6 +169,19 @@ impl Engine {
         crate::core::acquire::bounded(limit, self.backend.scheme(), op, f).await
     }
 
+    /// A write of register `name` by `rule`, bounded as
+    /// [`write`](Self::write) is; `false` when the rule refused it.
+    pub(crate) async fn write_register(
+        &self,
+        name: &LockName,
+        value: &[u8],
+        rule: crate::spi::WriteRule,
+    ) -> Result<bool> {
+        let write = crate::spi::RegisterWrite { name, value, rule };
+        self.write("register_write", self.backend.register_write(write))
+            .await
+    }
+
     /// Where background jobs go.
     pub(crate) fn worker(&self) -> mpsc::UnboundedSender<Job> {
         self.worker.clone()
