@@ -345,6 +345,9 @@ pub struct Queue {
     swept: crate::VersionedValue,
     tail: crate::Counter,
     wake: LockName,
+    /// Whether this handle does work in the background: its reads are
+    /// tried once (see [`detached`](Self::detached)).
+    background: bool,
     lease: Option<Duration>,
     taker: Arc<tokio::sync::Mutex<Option<Arc<Taker>>>>,
     memory: Arc<Memory>,
@@ -368,6 +371,7 @@ impl Queue {
             swept: client.versioned(&format!("{name}:swept"))?,
             tail: client.counter(&format!("{name}:tail"))?,
             wake: LockName::new(&format!("{name}:wake"))?,
+            background: false,
             lease: None,
             taker: Arc::default(),
             memory: client.inner.memo(&format!("queue:{name}")),
@@ -402,10 +406,13 @@ impl Queue {
     }
 
     /// A handle for work in the background: the same queue, without this
-    /// handle's taker (which that work must not keep held).
+    /// handle's taker (which that work must not keep held), reading once
+    /// per read (it has its own tries, and must stop once the client has
+    /// closed).
     fn detached(&self) -> Queue {
         Queue {
             taker: Arc::default(),
+            background: true,
             ..self.clone()
         }
     }
@@ -843,9 +850,9 @@ impl Queue {
     /// Deletes the acknowledged items' registers below `head`, at most
     /// [`MAX_SWEEP`] of them (given-up holes stay: see the module's notes).
     async fn sweep(&self, head: u64) -> Result<()> {
-        let (from, version) = match self.swept.read().await? {
+        let (from, version) = match self.read_raw(self.swept.lock_name()).await? {
             None => (1, 0),
-            Some(v) => (self.parse_id(&v.value, "swept")?, v.version),
+            Some((v, version)) => (self.parse_id(&v, "swept")?, version),
         };
         let to = head.min(from.saturating_add(MAX_SWEEP));
         if from >= to {
@@ -885,9 +892,9 @@ impl Queue {
 
     /// The head (1 before the first move) and its register's version.
     async fn read_head(&self) -> Result<(u64, u64)> {
-        match self.head.read().await? {
+        match self.read_raw(self.head.lock_name()).await? {
             None => Ok((1, 0)),
-            Some(v) => Ok((self.parse_id(&v.value, "head")?, v.version)),
+            Some((v, version)) => Ok((self.parse_id(&v, "head")?, version)),
         }
     }
 
@@ -902,10 +909,14 @@ impl Queue {
     }
 
     async fn read_raw(&self, name: &LockName) -> Result<crate::spi::RegisterValue> {
-        self.client
-            .inner
-            .read("register_read", |b| b.register_read(name))
-            .await
+        let inner = &self.client.inner;
+        if self.background {
+            inner
+                .read_once("register_read", |b| b.register_read(name))
+                .await
+        } else {
+            inner.read("register_read", |b| b.register_read(name)).await
+        }
     }
 
     async fn read_item(&self, name: &LockName) -> Result<(State, u64)> {

@@ -169,6 +169,18 @@ impl Engine {
         crate::core::acquire::bounded(limit, self.backend.scheme(), op, f).await
     }
 
+    /// A read tried once, bounded by the request timeout: for work in the
+    /// background, which must not go on trying (and warning) once the
+    /// client has closed.
+    pub(crate) async fn read_once<'a, T: Send + 'a>(
+        &'a self,
+        op: &'static str,
+        f: impl FnOnce(&'a dyn Backend) -> crate::spi::Reply<'a, T>,
+    ) -> Result<T> {
+        let limit = self.backend.request_timeout();
+        crate::core::acquire::bounded(limit, self.backend.scheme(), op, f(&*self.backend)).await
+    }
+
     /// A write of register `name` by `rule`, bounded as
     /// [`write`](Self::write) is; `false` when the rule refused it.
     pub(crate) async fn write_register(
