@@ -558,9 +558,16 @@ impl Queue {
     /// `Some(None)` to look again, `None` once `until` has passed.
     async fn take_once(&self, until: Option<Instant>) -> Result<Option<Option<Item>>> {
         let taker = self.taker().await?;
-        // Read before the look: a push or give-back after it changes it.
-        let seen = self.read_raw(&self.wake).await?.map(|(v, _)| v);
-        let hole = match self.scan(&taker).await? {
+        // The wake register is read before the look (a push or give-back
+        // after it changes it), beside the head and the tail: one round
+        // trip for the three.
+        let (seen, head, tail) = tokio::try_join!(
+            self.read_raw(&self.wake),
+            self.read_head(),
+            self.read_tail()
+        )?;
+        let seen = seen.map(|(v, _)| v);
+        let hole = match self.scan(&taker, head, tail).await? {
             Scan::Took(item) if item.is_held() => return Ok(Some(Some(*item))),
             // Its taker's lease ended during the look: give it back, and
             // look again with a taker that holds.
@@ -631,9 +638,10 @@ impl Queue {
     /// One pass from the head: takes the first item nobody holds, marks
     /// and gives up holes, and moves the head over the done items before
     /// them (in the background).
-    async fn scan(&self, taker: &Arc<Taker>) -> Result<Scan> {
-        let (head, head_version) = self.read_head().await?;
-        let tail = self.read_tail().await?;
+    /// `head` is the head and its version, `tail` the last id, both read
+    /// before the pass.
+    async fn scan(&self, taker: &Arc<Taker>, head: (u64, u64), tail: u64) -> Result<Scan> {
+        let (head, head_version) = head;
         {
             let mut done = self.done();
             *done = done.split_off(&head);
