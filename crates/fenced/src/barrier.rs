@@ -26,13 +26,7 @@ async fn read_parsed<T>(
     value: &crate::VersionedValue,
     parse: impl Fn(crate::spi::RegisterValue) -> Result<(T, u64)>,
 ) -> Result<(T, u64)> {
-    let name = value.lock_name();
-    let got = value
-        .client()
-        .inner
-        .read("register_read", |b| b.register_read(name))
-        .await?;
-    parse(got)
+    parse(value.read_raw().await?)
 }
 
 /// Waits until `value`'s state (by `parse`) is `open`, or its version
@@ -49,9 +43,7 @@ async fn wait_open<T>(
         return Ok(true);
     }
     let got = value
-        .client()
-        .inner
-        .wait_register(value.lock_name(), until, |raw| {
+        .wait(until, |raw| {
             let (state, version) = parse(raw)?;
             Ok((open(&state) || version != since).then_some(()))
         })
@@ -83,6 +75,11 @@ fn too_contended(what: &str) -> Error {
 /// the register's version move on knows the barrier was removed since it
 /// began, even if it was set again before the waiter looked.
 ///
+/// On ZooKeeper the barrier is Curator's: it is set while the node at its
+/// path (`/N` under the URL's path) exists, so a Curator
+/// `DistributedBarrier` on that path is the same barrier; a waiter tells
+/// a barrier removed and set again by the node's creation (`czxid`).
+///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let client = fenced::Client::connect("memory://barrier-doc").await?;
@@ -105,7 +102,7 @@ pub struct Barrier {
 impl Barrier {
     pub(crate) fn new(client: &Client, name: &str) -> Result<Barrier> {
         Ok(Barrier {
-            value: client.versioned(name)?,
+            value: client.versioned(name)?.native(crate::spi::Codec::Presence),
         })
     }
 

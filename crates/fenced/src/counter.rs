@@ -7,6 +7,7 @@
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
 use crate::mutex::Mutex;
+use crate::spi::Codec;
 use crate::versioned::VersionedValue;
 use std::time::Duration;
 
@@ -34,6 +35,13 @@ const LOCK_SUFFIX: &str = ":counter";
 /// [`FencedRegister`](crate::FencedRegister) of that name reads it, but
 /// only a counter or a versioned value may write it (a fenced register's
 /// writes do not move the version every change is checked against).
+///
+/// On ZooKeeper it lives where Curator keeps its counters instead: in the
+/// data of the node at the counter's path (`/N` under the URL's path),
+/// 8 bytes big-endian as `DistributedAtomicLong` writes it, or 4 as
+/// `SharedCount` does (see [`int32`](Self::int32)), changed by
+/// compare-and-set on the node's version. A Curator counter on that path
+/// is the same counter; a register of that name is another value.
 /// `add` is one step on the server where the engine has one (a script on
 /// Redis, one statement on PostgreSQL); every other change is a
 /// compare-and-set of that register; when writers keep colliding, a change waits (up to [`wait_timeout`](Self::wait_timeout))
@@ -62,11 +70,12 @@ pub struct Counter {
     value: VersionedValue,
     lock: Mutex,
     wait: Duration,
+    int32: bool,
 }
 
 impl Counter {
     pub(crate) fn new(client: &Client, name: &str) -> Result<Counter> {
-        let value = client.versioned(name)?;
+        let value = client.versioned(name)?.native(Codec::Long);
         if name.len() + LOCK_SUFFIX.len() > crate::MAX_NAME_LEN {
             return Err(Error::invalid(format!(
                 "counter name is {} bytes long; counters take at most {} (their lock's \
@@ -79,7 +88,44 @@ impl Counter {
             value,
             lock: client.mutex(&format!("{name}{LOCK_SUFFIX}"))?,
             wait: COUNTER_WAIT,
+            int32: false,
         })
+    }
+
+    /// Keeps the value within 32 bits, as Curator's `SharedCount` does: a
+    /// change that would leave the range of `i32` is refused
+    /// ([`InvalidInput`](ErrorKind::InvalidInput), nothing written), and
+    /// on ZooKeeper a counter this handle creates is written in 4 bytes,
+    /// where a `SharedCount` on the same path reads it. (Without it a new
+    /// ZooKeeper counter is written in 8 bytes, as `DistributedAtomicLong`
+    /// keeps it; a counter found in 4 bytes stays in 4 either way.)
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let client = fenced::Client::connect("memory://counter-int32-doc").await?;
+    /// let seats = client.counter("seats")?.int32();
+    /// seats.set(i32::MAX.into()).await?;
+    /// assert!(seats.add(1).await.is_err()); // refused, nothing written
+    /// assert_eq!(seats.get().await?, i64::from(i32::MAX));
+    /// # Ok::<_, fenced::Error>(()) }).unwrap();
+    /// ```
+    #[must_use = "a builder method returns the changed handle; the one it was called on is gone"]
+    pub fn int32(mut self) -> Self {
+        self.value = self.value.native(Codec::Int);
+        self.int32 = true;
+        self
+    }
+
+    /// `n`, if this counter may hold it.
+    fn in_range(&self, n: i64) -> Result<i64> {
+        if self.int32 && i32::try_from(n).is_err() {
+            return Err(Error::invalid(format!(
+                "counter {:?} is kept in 32 bits; {n} leaves the range of i32, so nothing \
+                 was written",
+                self.name()
+            )));
+        }
+        Ok(n)
     }
 
     /// How long a change waits for the counter's lock when writers keep
@@ -121,11 +167,15 @@ impl Counter {
         // integer, out of range), by compare-and-set, which says why.
         let inner = &self.value.client().inner;
         let name = self.value.lock_name();
-        let native = inner
-            .write("register_add", inner.backend.register_add(name, delta))
-            .await?;
-        if let Some(n) = native {
-            return Ok(n);
+        // Not where the value lives in the engine's own layout (Curator's
+        // nodes on ZooKeeper), nor past a range the server does not know.
+        if !self.int32 && inner.backend.nodes().is_none() {
+            let native = inner
+                .write("register_add", inner.backend.register_add(name, delta))
+                .await?;
+            if let Some(n) = native {
+                return Ok(n);
+            }
         }
         self.change(|n| {
             n.checked_add(delta).ok_or_else(|| {
@@ -155,6 +205,7 @@ impl Counter {
 
     /// Sets `new` if the value is `expected`; whether it did.
     pub async fn compare_and_set(&self, expected: i64, new: i64) -> Result<bool> {
+        self.in_range(new)?;
         for lost in 0..MAX_CONFLICTS {
             let (n, version) = self.read().await?;
             if n != expected {
@@ -205,7 +256,7 @@ impl Counter {
     /// One compare-and-set of `f(value)`; `None` when another writer won.
     async fn try_change(&self, f: &impl Fn(i64) -> Result<i64>) -> Result<Option<i64>> {
         let (n, version) = self.read().await?;
-        let next = f(n)?;
+        let next = self.in_range(f(n)?)?;
         let won = self
             .value
             .compare_and_set(version, next.to_string())
@@ -308,9 +359,7 @@ impl CounterWatch {
         let name = self.value.name().to_owned();
         let got = self
             .value
-            .client()
-            .inner
-            .wait_register(self.value.lock_name(), None, |raw| {
+            .wait(None, |raw| {
                 let (n, version) = parse(&name, raw)?;
                 Ok((version != seen).then_some((n, version)))
             })

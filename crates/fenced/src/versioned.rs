@@ -4,7 +4,7 @@
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
 use crate::name::LockName;
-use crate::spi::WriteRule;
+use crate::spi::{Codec, WriteRule};
 use std::time::Duration;
 
 /// A value and the number of writes that made it.
@@ -49,6 +49,11 @@ pub struct VersionedValue {
     client: Client,
     name: LockName,
     max_conflicts: u32,
+    /// Kept in the engine's own layout of recipe values, in this form,
+    /// where the backend has one (Curator's nodes on ZooKeeper); set only
+    /// by the recipes that share their state with a foreign client, whose
+    /// versions are then opaque.
+    native: Option<Codec>,
 }
 
 impl VersionedValue {
@@ -57,7 +62,50 @@ impl VersionedValue {
             client,
             name,
             max_conflicts: 100,
+            native: None,
         }
+    }
+
+    /// The same value, kept in the engine's own layout as `codec` says
+    /// where the backend has one (see `spi::NodeLayout`).
+    pub(crate) fn native(mut self, codec: Codec) -> Self {
+        self.native = Some(codec);
+        self
+    }
+
+    /// The codec, where the value lives in the engine's own layout.
+    fn in_layout(&self) -> Option<Codec> {
+        self.native
+            .filter(|_| self.client.inner.backend.nodes().is_some())
+    }
+
+    /// Waits until `done` answers `Some` for the value (its bytes and
+    /// version), looking again after each change, woken by the engine;
+    /// `None` once `until` has passed (see `Engine::wait_on`).
+    pub(crate) async fn wait<T>(
+        &self,
+        until: Option<tokio::time::Instant>,
+        done: impl Fn(crate::spi::RegisterValue) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        let inner = &self.client.inner;
+        let Some(codec) = self.in_layout() else {
+            return inner.wait_register(&self.name, until, done).await;
+        };
+        let name = &self.name;
+        let done = &done;
+        inner
+            .wait_armed(
+                name,
+                until,
+                |b| watch_node(b, name),
+                || async move {
+                    let got = inner
+                        .read("node_read", |b| node_read(b, name, codec))
+                        .await?;
+                    done(got)
+                },
+            )
+            .await
     }
 
     /// The client it was made by.
@@ -85,18 +133,36 @@ impl VersionedValue {
 
     /// The value and its version, or `None` if never written.
     pub async fn read(&self) -> Result<Option<Versioned>> {
-        let got = self
-            .client
-            .inner
-            .read("register_read", |b| b.register_read(&self.name))
-            .await?;
+        let got = self.read_raw().await?;
         Ok(got.map(|(value, version)| Versioned { value, version }))
+    }
+
+    /// The value and its version as the store answers them.
+    pub(crate) async fn read_raw(&self) -> Result<crate::spi::RegisterValue> {
+        let inner = &self.client.inner;
+        Ok(match self.in_layout() {
+            Some(codec) => {
+                inner
+                    .read("node_read", |b| node_read(b, &self.name, codec))
+                    .await?
+            }
+            None => {
+                inner
+                    .read("register_read", |b| b.register_read(&self.name))
+                    .await?
+            }
+        })
     }
 
     /// Writes `value` if the version is still `version` (0: never
     /// written); `true` when written, the version then being `version + 1`,
     /// and `false` when another writer got there first.
     pub async fn compare_and_set(&self, version: u64, value: impl AsRef<[u8]>) -> Result<bool> {
+        let inner = &self.client.inner;
+        if let (Some(codec), Some(nodes)) = (self.native, inner.backend.nodes()) {
+            let write = nodes.node_write(&self.name, codec, version, value.as_ref());
+            return inner.write("node_write", write).await;
+        }
         (self.client.inner)
             .write_register(&self.name, value.as_ref(), WriteRule::Version(version))
             .await
@@ -136,5 +202,26 @@ impl VersionedValue {
                 self.max_conflicts + 1
             ),
         ))
+    }
+}
+
+/// Reads recipe value `name` in the engine's layout (the register where
+/// the backend has none, which `in_layout` rules out first).
+fn node_read<'a>(
+    b: &'a dyn crate::spi::Backend,
+    name: &'a LockName,
+    codec: Codec,
+) -> crate::spi::Reply<'a, crate::spi::RegisterValue> {
+    match b.nodes() {
+        Some(n) => n.node_read(name, codec),
+        None => b.register_read(name),
+    }
+}
+
+/// Watches recipe value `name` in the engine's layout (as `node_read`).
+fn watch_node<'a>(b: &'a dyn crate::spi::Backend, name: &'a LockName) -> crate::spi::Reply<'a, ()> {
+    match b.nodes() {
+        Some(n) => n.watch_node(name),
+        None => b.watch_register(name),
     }
 }

@@ -131,6 +131,23 @@ impl Engine {
         &self,
         name: &LockName,
         until: Option<Instant>,
+        check: impl FnMut() -> F,
+    ) -> Result<Option<T>>
+    where
+        F: std::future::Future<Output = Result<Option<T>>>,
+    {
+        self.wait_armed(name, until, |b| b.watch_register(name), check)
+            .await
+    }
+
+    /// [`wait_on`](Self::wait_on), with the engine's notification asked
+    /// for by `arm` (a watch on a recipe's own node, say) instead of a
+    /// watch on register `name`; either wakes `register_key(name)`.
+    pub(crate) async fn wait_armed<'a, T, F>(
+        &'a self,
+        name: &LockName,
+        until: Option<Instant>,
+        mut arm: impl FnMut(&'a dyn crate::spi::Backend) -> crate::spi::Reply<'a, ()>,
         mut check: impl FnMut() -> F,
     ) -> Result<Option<T>>
     where
@@ -140,8 +157,7 @@ impl Engine {
         let mut interest = self.wakeups.interest(&key, Wake::Every);
         loop {
             let seen = interest.begin();
-            self.read("watch_register", |b| b.watch_register(name))
-                .await?;
+            self.read("watch_register", &mut arm).await?;
             if let Some(t) = check().await? {
                 return Ok(Some(t));
             }

@@ -227,11 +227,59 @@ pub(crate) trait ElectionLayout: Send + Sync {
     fn watch_leader<'a>(&'a self, name: &'a LockName, wake: &'a str) -> Reply<'a, ()>;
 }
 
+/// How a recipe's value is spelled where a foreign client of the same
+/// engine keeps it (see [`NodeLayout`]). Through the layout the recipe
+/// reads and writes fenced's own register form (decimal text; `1` or `0`
+/// for a barrier) and the backend translates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Codec {
+    /// A 64-bit integer, as Curator's `DistributedAtomicLong` keeps it
+    /// (8 bytes big-endian, no data counting 0). A value found in 4
+    /// bytes (a `SharedCount`'s) is written back in 4.
+    Long,
+    /// A 32-bit integer, as Curator's `SharedCount` keeps it (4 bytes
+    /// big-endian): what a new value is written as.
+    Int,
+    /// Set (`1`) while the node exists, as Curator's `DistributedBarrier`.
+    Presence,
+}
+
+/// The engine's own layout for the values of recipes that a foreign client
+/// shares (Curator's counters and barrier on ZooKeeper): the value lives
+/// at the recipe's path in the foreign form, not in a fenced register.
+/// Versions are the backend's own: they move on with every change and
+/// mean nothing else.
+pub(crate) trait NodeLayout: Send + Sync {
+    /// The value of recipe `name` in register form and its version;
+    /// `None` where there is none.
+    fn node_read<'a>(&'a self, name: &'a LockName, codec: Codec) -> Reply<'a, RegisterValue>;
+
+    /// Writes `value` (register form) if the version is still `version`
+    /// (0: none there); `false` when another writer got there first.
+    fn node_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        codec: Codec,
+        version: u64,
+        value: &'a [u8],
+    ) -> Reply<'a, bool>;
+
+    /// As [`Store::watch_register`], for the value of recipe `name`: a
+    /// change wakes [`register_key`](crate::spi::wake::register_key)`(name)`.
+    fn watch_node<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()>;
+}
+
 /// What a client keeps: a lock backend that is also a store, with an
-/// election layout where the engine has one.
+/// election layout and a layout of recipe values where the engine has
+/// them.
 pub(crate) trait Backend: LockBackend + Store {
     /// The engine's own election layout, if it has one.
     fn election(&self) -> Option<&dyn ElectionLayout> {
+        None
+    }
+
+    /// The engine's own layout of recipe values, if it has one.
+    fn nodes(&self) -> Option<&dyn NodeLayout> {
         None
     }
 }

@@ -26,5 +26,7 @@ pub(crate) mod wake;
 
 #[cfg(feature = "etcd")]
 pub(crate) use backend::ElectionLayout;
-pub(crate) use backend::{Backend, DEFAULT_TIMEOUT, LockBackend, Store};
+#[cfg(feature = "zookeeper")]
+pub(crate) use backend::NodeLayout;
+pub(crate) use backend::{Backend, Codec, DEFAULT_TIMEOUT, LockBackend, Store};
 pub(crate) use types::*;

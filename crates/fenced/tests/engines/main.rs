@@ -2,6 +2,7 @@
 //! (its foreign clients, its own faults, its URL options), in one test
 //! binary so that the suite links once.
 
+mod curator;
 mod etcd;
 mod examples;
 mod mariadb;

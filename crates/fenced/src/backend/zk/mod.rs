@@ -59,6 +59,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 mod attempt;
+mod curator;
 mod holds;
 mod nodes;
 mod session;

@@ -1,6 +1,7 @@
 //! Registers and token records under `/fenced.meta`.
 
 use super::*;
+use crate::spi::NodeLayout;
 use crate::spi::wake::register_key;
 
 impl ZkShared {
@@ -142,4 +143,8 @@ impl Store for ZkBackend {
     }
 }
 
-impl Backend for ZkBackend {}
+impl Backend for ZkBackend {
+    fn nodes(&self) -> Option<&dyn NodeLayout> {
+        Some(self)
+    }
+}

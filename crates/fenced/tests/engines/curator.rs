@@ -1,0 +1,193 @@
+//! The recipes fenced shares with Apache Curator on ZooKeeper, each way,
+//! with the real Curator (Debian's libcurator-recipes-java): counters
+//! (`DistributedAtomicLong`, `SharedCount`), the barrier
+//! (`DistributedBarrier`) and elections (`LeaderLatch`). Every fenced
+//! handle here has its default options.
+#![cfg(feature = "zookeeper")]
+
+use fenced::{Client, ErrorKind};
+use fenced_testkit::interop::CuratorRecipes;
+use fenced_testkit::servers::zookeeper::ZkEnsemble;
+use fenced_testkit::{Timing, unique};
+
+/// Runs `f` on the Curator driver in a blocking task and gives both back.
+async fn curator<T: Send + 'static>(
+    mut c: CuratorRecipes,
+    f: impl FnOnce(&mut CuratorRecipes) -> T + Send + 'static,
+) -> (CuratorRecipes, T) {
+    tokio::task::spawn_blocking(move || {
+        let t = f(&mut c);
+        (c, t)
+    })
+    .await
+    .unwrap()
+}
+
+/// A fenced counter and a `DistributedAtomicLong` on its path are one
+/// counter: each sees the other's adds, and adds made at once from both
+/// sides are all counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_atomic_longs_are_fenced_counters() {
+    let z = ZkEnsemble::start();
+    let client = Client::connect(&z.url()).await.unwrap();
+    let name = unique("dal");
+    let path = format!("/{name}");
+    let counter = client.counter(&name).unwrap();
+    let mut java = CuratorRecipes::start(&z.connect_string());
+
+    assert_eq!(java.ask(&format!("dal-add {path} 5")), "5");
+    assert_eq!(counter.get().await.unwrap(), 5);
+    assert_eq!(counter.add(3).await.unwrap(), 8);
+    assert_eq!(java.ask(&format!("dal-get {path}")), "8");
+    counter.set(-(1 << 40)).await.unwrap();
+    assert_eq!(
+        java.ask(&format!("dal-get {path}")),
+        (-(1i64 << 40)).to_string()
+    );
+    counter.set(0).await.unwrap();
+
+    // 200 adds from Curator while two fenced tasks add 100 each.
+    let p = path.clone();
+    let curator_adds = curator(java, move |j| {
+        (0..200)
+            .map(|_| j.ask(&format!("dal-add {p} 1")))
+            .filter(|a| a.parse::<i64>().is_err())
+            .collect::<Vec<_>>()
+    });
+    let fenced_adds = (0..2).map(|_| {
+        let c = counter.clone();
+        tokio::spawn(async move {
+            for _ in 0..100 {
+                c.add(1).await.unwrap();
+            }
+        })
+    });
+    let fenced_adds: Vec<_> = fenced_adds.collect();
+    let (mut java, failed) = curator_adds.await;
+    for t in fenced_adds {
+        t.await.unwrap();
+    }
+    assert!(failed.is_empty(), "Curator's adds failed: {failed:?}");
+    assert_eq!(counter.get().await.unwrap(), 400);
+    assert_eq!(java.ask(&format!("dal-get {path}")), "400");
+
+    // A sequence over it hands out what Curator's adds do not.
+    let seq = client.sequence(&name).unwrap();
+    let a = seq.next().await.unwrap();
+    assert_eq!(java.ask(&format!("dal-add {path} 1")), (a + 1).to_string());
+    assert!(seq.next().await.unwrap() > a + 1);
+    client.close().await;
+}
+
+/// A `SharedCount` and a fenced counter on one path: a counter made with
+/// `int32()` is written in the SharedCount's 4 bytes, one Curator made
+/// stays in 4 bytes under a plain fenced handle, changes wake watchers on
+/// either side, and a value past 32 bits is refused with nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_shared_counts_are_fenced_counters() {
+    let t = Timing::default();
+    let z = ZkEnsemble::start();
+    let client = Client::connect(&z.url()).await.unwrap();
+    let mut java = CuratorRecipes::start(&z.connect_string());
+
+    // fenced makes it (32 bits), Curator reads and changes it.
+    let name = unique("count");
+    let path = format!("/{name}");
+    let count = client.counter(&name).unwrap().int32();
+    count.set(7).await.unwrap();
+    assert_eq!(java.ask(&format!("count-get {path}")), "7");
+    assert_eq!(java.ask(&format!("count-add {path} 5")), "12");
+    assert_eq!(count.get().await.unwrap(), 12);
+    assert_eq!(count.add(-2).await.unwrap(), 10);
+    assert_eq!(java.ask(&format!("count-get {path}")), "10");
+    count.set(i32::MAX.into()).await.unwrap();
+    let e = count.add(1).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert_eq!(java.ask(&format!("count-get {path}")), i32::MAX.to_string());
+
+    // Curator makes it; a plain fenced counter keeps its 4 bytes.
+    let name = unique("count");
+    let path = format!("/{name}");
+    assert_eq!(java.ask(&format!("count-set {path} 9")), "ok");
+    let plain = client.counter(&name).unwrap();
+    assert_eq!(plain.get().await.unwrap(), 9);
+    assert_eq!(plain.add(1).await.unwrap(), 10);
+    assert_eq!(java.ask(&format!("count-get {path}")), "10");
+    let e = plain.add(i64::from(i32::MAX)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert_eq!(java.ask(&format!("count-get {path}")), "10");
+
+    // A Curator change wakes a fenced watch.
+    let mut watch = plain.watch().await.unwrap();
+    assert_eq!(watch.value(), 10);
+    assert_eq!(java.ask(&format!("count-set {path} 11")), "ok");
+    let seen = tokio::time::timeout(t.eventually(), watch.changed())
+        .await
+        .expect("Curator's write wakes the fenced watch")
+        .unwrap();
+    assert_eq!(seen, 11);
+
+    // A fenced change wakes a Curator listener.
+    let p = path.clone();
+    let waiting = curator(java, move |j| {
+        // "saw 42" at once if the write came first (the wait then proves
+        // only the read); else the listener's wake-up.
+        let first = j.ask(&format!("count-wait {p} 42 10000"));
+        if first == "watching" { j.line() } else { first }
+    });
+    // Most often the listener is in place by then.
+    tokio::time::sleep(t.ms(300)).await;
+    plain.set(42).await.unwrap();
+    let (_java, said) = waiting.await;
+    assert_eq!(said, "saw 42");
+    client.close().await;
+}
+
+/// A fenced barrier and a `DistributedBarrier` on one path are one
+/// barrier: each side's waiter is held while the other side has it set,
+/// and goes on when the other side removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_barriers_are_fenced_barriers() {
+    let t = Timing::default();
+    let z = ZkEnsemble::start();
+    let client = Client::connect(&z.url()).await.unwrap();
+    let name = unique("barrier");
+    let path = format!("/{name}");
+    let barrier = client.barrier(&name).unwrap();
+    let mut java = CuratorRecipes::start(&z.connect_string());
+
+    // fenced sets it; Curator waits until fenced removes it.
+    barrier.set().await.unwrap();
+    assert_eq!(java.ask(&format!("barrier-wait {path} 300")), "waiting");
+    assert_eq!(
+        java.line(),
+        "timeout",
+        "Curator passed a set fenced barrier"
+    );
+    let p = path.clone();
+    let waiting = curator(java, move |j| {
+        assert_eq!(j.ask(&format!("barrier-wait {p} 10000")), "waiting");
+        j.line()
+    });
+    tokio::time::sleep(t.ms(200)).await;
+    barrier.remove().await.unwrap();
+    let (mut java, said) = waiting.await;
+    assert_eq!(said, "passed");
+
+    // Curator sets it; fenced waits until Curator removes it.
+    assert_eq!(java.ask(&format!("barrier-set {path}")), "ok");
+    assert!(barrier.is_set().await.unwrap());
+    assert!(!barrier.wait_timeout(t.ms(200)).await.unwrap());
+    let waiter = {
+        let b = client.barrier(&name).unwrap();
+        tokio::spawn(async move { b.wait_timeout(t.eventually()).await })
+    };
+    tokio::time::sleep(t.ms(200)).await;
+    assert_eq!(java.ask(&format!("barrier-remove {path}")), "ok");
+    assert!(
+        waiter.await.unwrap().unwrap(),
+        "Curator's removal frees fenced"
+    );
+    assert!(!barrier.is_set().await.unwrap());
+    client.close().await;
+}
