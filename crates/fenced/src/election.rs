@@ -41,7 +41,7 @@ pub struct Leader {
 impl Election {
     pub(crate) fn new(client: &Client, name: &str) -> Result<Election> {
         Ok(Election {
-            lock: client.mutex(name)?,
+            lock: client.mutex(name)?.for_election(),
             value: client.register(&format!("{name}:leader"))?,
         })
     }

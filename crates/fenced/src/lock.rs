@@ -42,9 +42,10 @@ pub struct Lock {
     pub(crate) name: LockName,
     pub(crate) mode: Mode,
     pub(crate) opts: LockOptions,
-    /// A side of a read-write lock (backends with distinct layouts for a
-    /// mutex and a write lock, like Curator's, name its nodes apart).
-    pub(crate) rw: bool,
+    /// What it is for: a read-write lock's side or an election's
+    /// candidacy rather than a mutex or semaphore (backends with distinct
+    /// layouts for them, like Curator's, name their nodes apart).
+    pub(crate) kind: crate::spi::Kind,
 }
 
 impl Lock {
@@ -54,7 +55,7 @@ impl Lock {
             name,
             mode,
             opts: LockOptions::default(),
-            rw: false,
+            kind: crate::spi::Kind::Lock,
         }
     }
 
@@ -155,7 +156,7 @@ impl Lock {
         let req = acquire::Request {
             name: &self.name,
             mode: self.mode,
-            rw: self.rw,
+            kind: self.kind,
             lease: self.opts.lease.duration(),
             renewed: self.opts.lease.is_renewed(),
             fair: self.opts.fair,
@@ -309,7 +310,7 @@ impl RwLock {
     /// The read side: shared with other readers.
     pub fn read(&self) -> Lock {
         Lock {
-            rw: true,
+            kind: crate::spi::Kind::ReadWrite,
             ..Lock::new(self.client.clone(), self.name.clone(), Mode::Shared)
         }
     }
@@ -317,7 +318,7 @@ impl RwLock {
     /// The write side: exclusive.
     pub fn write(&self) -> Lock {
         Lock {
-            rw: true,
+            kind: crate::spi::Kind::ReadWrite,
             ..Lock::new(self.client.clone(), self.name.clone(), Mode::Exclusive)
         }
     }

@@ -40,6 +40,13 @@ impl Mutex {
         Mutex { lock }
     }
 
+    /// The same mutex as an election's candidacy (Curator's leader latch
+    /// on ZooKeeper names its nodes apart from a mutex's).
+    pub(crate) fn for_election(mut self) -> Self {
+        self.lock.kind = crate::spi::Kind::Election;
+        self
+    }
+
     crate::lock::thin_lock!("mutex", "the lock is");
 }
 

@@ -177,8 +177,9 @@ async fn attempt_with_retry(
 pub(crate) struct Request<'a> {
     pub(crate) name: &'a LockName,
     pub(crate) mode: Mode,
-    /// A side of a read-write lock rather than a mutex or semaphore.
-    pub(crate) rw: bool,
+    /// What the lock is for (a mutex, a read-write lock's side, an
+    /// election), where the engine names that apart.
+    pub(crate) kind: crate::spi::Kind,
     pub(crate) lease: Duration,
     /// Whether the watchdog renews the lease.
     pub(crate) renewed: bool,
@@ -252,7 +253,7 @@ async fn run_inner(
         owner_key,
         hold_id,
         mode: req.mode,
-        rw: req.rw,
+        kind: req.kind,
         lease: req.lease,
         fair: req.fair,
         will_wait: !matches!(wait, Wait::No),

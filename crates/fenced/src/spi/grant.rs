@@ -250,7 +250,7 @@ mod tests {
             owner_key: owner_key.into(),
             hold_id: hold_id.into(),
             mode,
-            rw: false,
+            kind: Default::default(),
             lease: Duration::from_secs(30),
             fair: false,
             will_wait: true,

@@ -24,7 +24,7 @@ pub(crate) mod sync;
 pub(crate) mod types;
 pub(crate) mod wake;
 
-#[cfg(feature = "etcd")]
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
 pub(crate) use backend::ElectionLayout;
 #[cfg(feature = "zookeeper")]
 pub(crate) use backend::NodeLayout;

@@ -198,9 +198,9 @@ pub(crate) struct Attempt {
     /// Unique per grant: what release and renew name.
     pub(crate) hold_id: String,
     pub(crate) mode: Mode,
-    /// A side of a read-write lock rather than a mutex or semaphore.
+    /// What the lock is for, where the engine names that apart.
     #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
-    pub(crate) rw: bool,
+    pub(crate) kind: Kind,
     pub(crate) lease: Duration,
     pub(crate) fair: bool,
     /// Whether the caller will wait if busy: backends that need to register
@@ -222,6 +222,21 @@ impl Attempt {
             hold_id: self.hold_id.clone(),
         }
     }
+}
+
+/// What a lock is for, beyond its [`Mode`], where an engine's other
+/// clients name that apart: Curator names a mutex's nodes `lock-`, a
+/// read-write lock's `__WRIT__` and `__READ__`, and a leader latch's
+/// `latch-`. Other backends do not tell them apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A mutex or a semaphore.
+    #[default]
+    Lock,
+    /// A side of a read-write lock.
+    ReadWrite,
+    /// A candidate in an election.
+    Election,
 }
 
 /// The answer to an attempt.

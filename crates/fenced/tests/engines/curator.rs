@@ -191,3 +191,77 @@ async fn curator_barriers_are_fenced_barriers() {
     assert!(!barrier.is_set().await.unwrap());
     client.close().await;
 }
+
+/// A fenced election and a `LeaderLatch` on one path are one election:
+/// candidates of both queue in one line, each side sees the other's
+/// leader and its value (a latch's id; a fenced leader's proclamation),
+/// and each side's candidate leads when the other's leader lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_leader_latches_are_fenced_elections() {
+    let t = Timing::default();
+    let z = ZkEnsemble::start();
+    let client = Client::connect(&z.url()).await.unwrap();
+    let name = unique("latch");
+    let path = format!("/{name}");
+    let election = client.election(&name).unwrap();
+    let mut java = CuratorRecipes::start(&z.connect_string());
+
+    // Curator leads; fenced sees it, and waits behind it.
+    assert_eq!(java.ask(&format!("latch-start {path} java-a")), "started");
+    assert_eq!(java.ask("latch-await java-a 10000"), "leader");
+    let leader = election.leader().await.unwrap().expect("Curator's leader");
+    assert_eq!(leader.value, b"java-a");
+    assert!(election.try_campaign("fenced-b").await.unwrap().is_none());
+    let mut watch = election.observe().await.unwrap();
+    assert_eq!(
+        watch.leader().map(|l| l.value.clone()),
+        Some(b"java-a".to_vec())
+    );
+    let campaign = {
+        let e = client.election(&name).unwrap();
+        tokio::spawn(async move { e.campaign("fenced-b").await })
+    };
+    t.wait_until(
+        "the fenced candidate queues behind Curator's leader",
+        || async { election.participants().await.unwrap().waiting == 1 },
+    )
+    .await;
+    assert_eq!(java.ask("latch-has java-a"), "true");
+
+    // Curator's leader lets go: the fenced candidate leads and proclaims.
+    assert_eq!(java.ask("latch-close java-a"), "closed");
+    let leading = tokio::time::timeout(t.eventually(), campaign)
+        .await
+        .expect("Curator's close hands the lead to fenced")
+        .unwrap()
+        .unwrap();
+    assert!(leading.is_leader());
+    assert!(leading.guard().fencing_token() > leader.token);
+    let seen = loop {
+        let l = tokio::time::timeout(t.eventually(), watch.changed())
+            .await
+            .expect("the observer is woken")
+            .unwrap();
+        if l.as_ref().is_some_and(|l| l.value == b"fenced-b") {
+            break l.unwrap();
+        }
+    };
+    assert_eq!(seen.token, leading.guard().fencing_token());
+    assert_eq!(java.ask(&format!("latch-leader {path}")), "fenced-b");
+
+    // A Curator candidate waits behind fenced's leader, then leads.
+    assert_eq!(java.ask(&format!("latch-start {path} java-c")), "started");
+    assert_eq!(java.ask("latch-await java-c 300"), "timeout");
+    assert_eq!(java.ask("latch-has java-c"), "false");
+    assert_eq!(java.ask(&format!("latch-ids {path}")), "fenced-b,java-c");
+    assert!(leading.resign().await.unwrap());
+    assert_eq!(java.ask("latch-await java-c 10000"), "leader");
+    let leader = election
+        .leader()
+        .await
+        .unwrap()
+        .expect("Curator leads again");
+    assert_eq!(leader.value, b"java-c");
+    assert_eq!(java.ask("latch-close java-c"), "closed");
+    client.close().await;
+}

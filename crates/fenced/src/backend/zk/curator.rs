@@ -3,6 +3,11 @@
 //! big-endian as `DistributedAtomicLong` writes it, 4 as `SharedCount`
 //! does), a barrier as the existence of that node (`DistributedBarrier`).
 //!
+//! An election is a `LeaderLatch`: candidates' nodes are named
+//! `…latch-<seq>` (see `marker`), the leader is the first, and its value
+//! is its node's data, as a latch's participant id is; until the leader
+//! proclaims, its node holds its holder record, and it has no value.
+//!
 //! Versions are opaque to the recipes. A counter's is the node's data
 //! version plus one, shifted left two bits, with the width found in the
 //! low bits (1: four bytes, 2: eight, 0: no data), so a write keeps the
@@ -11,7 +16,7 @@
 
 use super::*;
 use crate::spi::wake::register_key;
-use crate::spi::{Codec, NodeLayout};
+use crate::spi::{Codec, ElectionLayout, LeaderValue, NodeLayout};
 
 /// What a counter's node data says: the value and the width it was in
 /// (0 for no data).
@@ -176,5 +181,115 @@ impl NodeLayout for ZkBackend {
 
     fn watch_node<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(self.inner.watch_node(name))
+    }
+}
+
+impl ZkShared {
+    /// The first node of election `name` (the leader's), if any.
+    async fn leader_node(&self, dir: &str) -> Result<Option<String>> {
+        match self.client().list_children(dir).await {
+            Ok(c) => Ok(queue(c).into_iter().next().map(|(c, _)| c)),
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    async fn proclaim(&self, hold: &HoldRef, token: u64, value: &[u8]) -> Result<bool> {
+        let Some(own) = unpoisoned(&self.nodes).get(&hold.hold_id).cloned() else {
+            return Ok(false);
+        };
+        let child = unpoisoned(&own.child).clone();
+        let Some(child) = child.filter(|_| *unpoisoned(&own.czxid) as u64 == token) else {
+            return Ok(false);
+        };
+        // The node is there only while the hold is: set while it leads.
+        let path = format!("{}/{child}", Self::path_of(&own.name)?);
+        match self.client().set_data(&path, value, None).await {
+            Ok(_) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    async fn leader(&self, name: &LockName) -> Result<LeaderValue> {
+        let dir = Self::path_of(name)?;
+        let Some(first) = self.leader_node(&dir).await? else {
+            return Ok(None);
+        };
+        let Some((data, stat)) = self.synced_get(&format!("{dir}/{first}")).await? else {
+            // Gone since the listing: nobody leads as far as this read knows.
+            return Ok(None);
+        };
+        // A holder record: a fenced leader that has not proclaimed yet.
+        if crate::Holder::decode(&data).is_some() {
+            return Ok(None);
+        }
+        Ok(Some((data, stat.czxid as u64)))
+    }
+
+    /// A watch on the election's children (a candidate joining or
+    /// leaving) and on the leader's data (a proclamation).
+    async fn watch_leader(&self, name: &LockName, wake: &str) -> Result<()> {
+        let id = format!("leader:{wake}");
+        if self.register_watches.armed(&id) {
+            return Ok(());
+        }
+        let dir = Self::path_of(name)?;
+        let z = self.client();
+        let children = match z.list_and_watch_children(&dir).await {
+            Ok(got) => got,
+            Err(zk::Error::NoNode) => {
+                // No candidate yet: the directory's creation is the change.
+                let (_, w) = z
+                    .check_and_watch_stat(&dir)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                self.register_watches
+                    .keep_as(&self.wakeups, id, wake.to_owned(), async move {
+                        w.changed().await;
+                    });
+                return Ok(());
+            }
+            Err(e) => return Err(self.err(e)),
+        };
+        let (children, joined) = children;
+        let leader = match queue(children).into_iter().next() {
+            Some((first, _)) => match z.get_and_watch_data(&format!("{dir}/{first}")).await {
+                Ok((_, _, w)) => Some(w),
+                // Gone: the children's watch has fired or is about to.
+                Err(zk::Error::NoNode) => None,
+                Err(e) => return Err(self.err(e)),
+            },
+            None => None,
+        };
+        self.register_watches
+            .keep_as(&self.wakeups, id, wake.to_owned(), async move {
+                match leader {
+                    Some(proclaimed) => {
+                        tokio::select! {
+                            _ = joined.changed() => {}
+                            _ = proclaimed.changed() => {}
+                        }
+                    }
+                    None => {
+                        joined.changed().await;
+                    }
+                }
+            });
+        Ok(())
+    }
+}
+
+impl ElectionLayout for ZkBackend {
+    fn proclaim<'a>(&'a self, hold: &'a HoldRef, token: u64, value: &'a [u8]) -> Reply<'a, bool> {
+        Box::pin(self.inner.proclaim(hold, token, value))
+    }
+
+    fn leader<'a>(&'a self, name: &'a LockName) -> Reply<'a, LeaderValue> {
+        Box::pin(self.inner.leader(name))
+    }
+
+    fn watch_leader<'a>(&'a self, name: &'a LockName, wake: &'a str) -> Reply<'a, ()> {
+        Box::pin(self.inner.watch_leader(name, wake))
     }
 }

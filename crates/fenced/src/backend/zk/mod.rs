@@ -14,7 +14,8 @@
 //!   Curator names them: `_c_<uuid>-lock-<10-digit sequence>` for an
 //!   mutex (`InterProcessMutex`), `_c_<uuid>-__WRIT__<seq>` and
 //!   `_c_<uuid>-__READ__<seq>` for the sides of a read-write lock
-//!   (`InterProcessReadWriteLock`), and fenced's own
+//!   (`InterProcessReadWriteLock`), `_c_<uuid>-latch-<seq>` for an
+//!   election's candidates (`LeaderLatch`), and fenced's own
 //!   `_c_<uuid>-permit-<take>-<max>-<seq>` for semaphore permits. The `_c_`
 //!   prefix (Curator's *protected* mode) lets a client whose create reply
 //!   was lost find its node again instead of creating a second one.
@@ -48,8 +49,8 @@ use crate::spi::lease::{SessionClock, believed_until};
 use crate::spi::sync::unpoisoned;
 use crate::spi::wake::Wakeups;
 use crate::spi::{
-    Attempt, Backend, Blocked, BoxFuture, Decrement, HoldRef, HolderInfo, LockBackend, LockStatus,
-    Mode, Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Withdrawal,
+    Attempt, Backend, Blocked, BoxFuture, Decrement, HoldRef, HolderInfo, Kind, LockBackend,
+    LockStatus, Mode, Outcome, RegisterValue, RegisterWrite, Renewal, Reply, Store, Withdrawal,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -82,7 +83,7 @@ fn mode_of(child: &str) -> Option<Mode> {
     let stem = &child[..child.len() - digits];
     if stem.ends_with("__READ__") {
         Some(Mode::Shared)
-    } else if stem.ends_with("lock-") || stem.ends_with("__WRIT__") {
+    } else if stem.ends_with("lock-") || stem.ends_with("__WRIT__") || stem.ends_with("latch-") {
         Some(Mode::Exclusive)
     } else if let Some(i) = stem.rfind("permit-") {
         let mut parts = stem[i + 7..].trim_end_matches('-').split('-');
@@ -99,9 +100,10 @@ fn sequence_of(child: &str) -> u64 {
     child[child.len() - digits..].parse().unwrap_or(u64::MAX)
 }
 
-fn marker(mode: Mode, rw: bool) -> String {
+fn marker(mode: Mode, kind: Kind) -> String {
     match mode {
-        Mode::Exclusive if rw => "__WRIT__".to_owned(),
+        Mode::Exclusive if kind == Kind::ReadWrite => "__WRIT__".to_owned(),
+        Mode::Exclusive if kind == Kind::Election => "latch-".to_owned(),
         Mode::Exclusive => "lock-".to_owned(),
         Mode::Shared => "__READ__".to_owned(),
         Mode::Permits { take, max } => format!("permit-{take}-{max}-"),

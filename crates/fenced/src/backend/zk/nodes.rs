@@ -50,7 +50,7 @@ impl ZkShared {
         own: &OwnNode,
         req: &Attempt,
     ) -> Result<Option<Vec<String>>> {
-        let prefix = format!("{dir}/{}{}", own.protect, marker(req.mode, req.rw));
+        let prefix = format!("{dir}/{}{}", own.protect, marker(req.mode, req.kind));
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         own.create_sent.store(true, Ordering::Release);
         // The node's data is the holder's record: Curator reads none of

@@ -144,6 +144,10 @@ impl Store for ZkBackend {
 }
 
 impl Backend for ZkBackend {
+    fn election(&self) -> Option<&dyn crate::spi::ElectionLayout> {
+        Some(self)
+    }
+
     fn nodes(&self) -> Option<&dyn NodeLayout> {
         Some(self)
     }
