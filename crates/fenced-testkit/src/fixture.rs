@@ -359,6 +359,41 @@ impl Fixture {
         }
     }
 
+    /// Whether the recipes keep their values where Curator keeps them
+    /// (ZooKeeper): a counter in the data of the node at its path, a
+    /// barrier as that node's existence.
+    pub fn curator_layout(&self) -> bool {
+        self.url.starts_with("zk://")
+    }
+
+    /// Writes `text` where a counter named `name` keeps its value, as
+    /// another program could have: the register of that name, or, in
+    /// Curator's layout, the data of the node at its path (written by
+    /// Curator itself).
+    pub async fn plant(&self, name: &str, text: &str) {
+        // Curator's connect string: the hosts and the chroot, no options.
+        let connect = self
+            .url
+            .strip_prefix("zk://")
+            .map(|rest| rest.split('?').next().unwrap_or_default().to_owned());
+        let Some(connect) = connect else {
+            let v = self.client().await.versioned(name).unwrap();
+            assert!(
+                v.compare_and_set(0, text).await.unwrap(),
+                "{name} was written already"
+            );
+            return;
+        };
+        let path = format!("/{name}");
+        let text = text.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let mut curator = crate::interop::CuratorRecipes::start(&connect);
+            assert_eq!(curator.ask(&format!("set-data {path} {text}")), "ok");
+        })
+        .await
+        .unwrap();
+    }
+
     /// A new client of the backend (a new client id, as another process would have).
     pub async fn client(&self) -> Client {
         Client::connect(&self.url)

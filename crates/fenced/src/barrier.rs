@@ -413,7 +413,7 @@ impl DoubleBarrier {
             )));
         }
         Ok(DoubleBarrier {
-            members: client.semaphore(name, members)?,
+            members: client.semaphore(name, members)?.for_barrier(),
             size: members,
             rounds: client.versioned(&format!("{name}{ROUND_SUFFIX}"))?,
         })
@@ -459,6 +459,9 @@ impl DoubleBarrier {
                 }
             }
         };
+        if self.in_layout() {
+            return self.enter_in_layout(guard, until).await;
+        }
         let me = guard.fencing_token();
         let counted = match self.wait_to_be_counted(&guard, until).await {
             Ok(Some(round)) => Some(round),
@@ -483,6 +486,88 @@ impl DoubleBarrier {
             mates,
             barrier: self.clone(),
         }))
+    }
+
+    /// Whether the engine has a double barrier layout of its own
+    /// (Curator's on ZooKeeper), which this barrier then follows.
+    fn in_layout(&self) -> bool {
+        self.rounds.client().inner.backend.barriers().is_some()
+    }
+
+    fn lock_name(&self) -> &crate::name::LockName {
+        &self.members.as_lock().name
+    }
+
+    /// Curator's entry, its member node made (`guard`): in once `ready`
+    /// is set, which the member that finds them all in sets.
+    async fn enter_in_layout(
+        &self,
+        guard: crate::Guard,
+        until: Option<Instant>,
+    ) -> Result<Option<Member>> {
+        let inner = &self.rounds.client().inner;
+        let name = self.lock_name();
+        let guard_ref = &guard;
+        let entered = inner
+            .wait_armed(
+                name,
+                until,
+                |b| watch_ready(b, name),
+                || async move {
+                    if !guard_ref.is_held() {
+                        return Err(Error::new(
+                            crate::ErrorKind::Lost,
+                            format!(
+                                "double barrier {:?}: this member's node (token {}) went before \
+                             the barrier filled",
+                                self.name(),
+                                guard_ref.fencing_token()
+                            ),
+                        ));
+                    }
+                    let (members, ready) = self.members_now().await?;
+                    if ready {
+                        return Ok(Some(()));
+                    }
+                    if members.len() >= self.size as usize {
+                        inner
+                            .write("set_ready", set_ready(&*inner.backend, name, true))
+                            .await?;
+                        return Ok(Some(()));
+                    }
+                    Ok(None)
+                },
+            )
+            .await;
+        match entered {
+            Ok(Some(())) => Ok(Some(Member {
+                guard,
+                round: 0,
+                mates: Vec::new(),
+                barrier: self.clone(),
+            })),
+            // Not all in by then: out again.
+            Ok(None) => {
+                guard.release().await?;
+                Ok(None)
+            }
+            Err(e) => {
+                let _ = guard.release().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The members' nodes in the engine's layout, sorted, and whether
+    /// `ready` is set.
+    async fn members_now(&self) -> Result<(Vec<String>, bool)> {
+        let name = self.lock_name();
+        (self.rounds.client().inner)
+            .read("barrier_members", |b| match b.barriers() {
+                Some(l) => l.barrier_members(name),
+                None => Box::pin(async { Ok((Vec::new(), false)) }),
+            })
+            .await
     }
 
     /// Waits until this member is counted in a round that filled: the
@@ -636,6 +721,9 @@ impl Member {
     }
 
     async fn leave_until(self, until: Option<Instant>) -> Result<bool> {
+        if self.barrier.in_layout() {
+            return self.leave_in_layout(until).await;
+        }
         let (b, round, mates) = (&self.barrier, self.round, &self.mates);
         self.guard.release().await?;
         b.poke().await?;
@@ -665,5 +753,118 @@ impl Member {
             })
             .await?;
         Ok(out.is_some())
+    }
+}
+
+impl Member {
+    /// Curator's leave: the lowest member waits for the highest to go;
+    /// every other deletes its node, then waits for the lowest; out when
+    /// no member is left. Then `ready` goes, as the leaver of Curator's
+    /// does.
+    async fn leave_in_layout(self, until: Option<Instant>) -> Result<bool> {
+        let Member { guard, barrier, .. } = self;
+        let b = &barrier;
+        let inner = &b.rounds.client().inner;
+        let name = b.lock_name();
+        let token = guard.fencing_token();
+        let Some(me) = inner
+            .backend
+            .barriers()
+            .and_then(|l| l.member_of(guard.hold_ref()))
+        else {
+            return Err(Error::new(
+                crate::ErrorKind::Lost,
+                format!(
+                    "double barrier {:?}: this member (token {token}) is no longer in",
+                    b.name()
+                ),
+            ));
+        };
+        let slot = std::sync::Mutex::new(Some(guard));
+        let (slot, me) = (&slot, me.as_str());
+        // Lets this member's node go, once.
+        let go = || async move {
+            let g = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            match g {
+                Some(g) => g.release().await.map(drop),
+                None => Ok(()),
+            }
+        };
+        let nothing = |_: &dyn crate::spi::Backend| -> crate::spi::Reply<'_, ()> {
+            Box::pin(async { Ok(()) })
+        };
+        let out = inner
+            .wait_armed(name, until, nothing, || async move {
+                loop {
+                    let (members, _) = b.members_now().await?;
+                    if members.is_empty() {
+                        return Ok(Some(()));
+                    }
+                    let mine = members.iter().position(|m| m == me);
+                    let inside = slot.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+                    if mine.is_none() && inside {
+                        return Err(Error::new(
+                            crate::ErrorKind::Lost,
+                            format!(
+                                "double barrier {:?}: this member's node (token {token}) went \
+                                 before the others left",
+                                b.name()
+                            ),
+                        ));
+                    }
+                    if members.len() == 1 {
+                        go().await?;
+                        return Ok(Some(()));
+                    }
+                    let target = if mine == Some(0) {
+                        &members[members.len() - 1]
+                    } else {
+                        go().await?;
+                        &members[0]
+                    };
+                    let watching = inner
+                        .read("watch_member", |b| match b.barriers() {
+                            Some(l) => l.watch_member(name, target),
+                            None => Box::pin(async { Ok(false) }),
+                        })
+                        .await?;
+                    if watching {
+                        return Ok(None);
+                    }
+                    // Gone already: look again.
+                }
+            })
+            .await;
+        // Whatever came of it, this member is out.
+        let gone = go().await;
+        let out = out?;
+        gone?;
+        inner
+            .write("set_ready", set_ready(&*inner.backend, name, false))
+            .await?;
+        Ok(out.is_some())
+    }
+}
+
+/// Watches `ready` of double barrier `name` in the engine's layout.
+fn watch_ready<'a>(
+    b: &'a dyn crate::spi::Backend,
+    name: &'a crate::name::LockName,
+) -> crate::spi::Reply<'a, ()> {
+    match b.barriers() {
+        Some(l) => l.watch_ready(name),
+        None => b.watch_register(name),
+    }
+}
+
+/// Sets or removes `ready` of double barrier `name` in the engine's layout.
+fn set_ready<'a>(
+    b: &'a dyn crate::spi::Backend,
+    name: &'a crate::name::LockName,
+    ready: bool,
+) -> crate::spi::Reply<'a, ()> {
+    match b.barriers() {
+        Some(l) => l.set_ready(name, ready),
+        None => Box::pin(async { Ok(()) }),
     }
 }

@@ -116,6 +116,14 @@ impl Counter {
         self
     }
 
+    /// The same counter, kept in its register on every engine (not where
+    /// Curator keeps counters on ZooKeeper): for a recipe's own state that
+    /// it reads beside its other registers.
+    pub(crate) fn in_register(mut self) -> Self {
+        self.value = self.value.in_register();
+        self
+    }
+
     /// `n`, if this counter may hold it.
     fn in_range(&self, n: i64) -> Result<i64> {
         if self.int32 && i32::try_from(n).is_err() {

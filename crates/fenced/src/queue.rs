@@ -369,7 +369,7 @@ impl Queue {
             name: name.to_owned(),
             head: client.versioned(&format!("{name}:head"))?,
             swept: client.versioned(&format!("{name}:swept"))?,
-            tail: client.counter(&format!("{name}:tail"))?,
+            tail: client.counter(&format!("{name}:tail"))?.in_register(),
             wake: LockName::new(&format!("{name}:wake"))?,
             background: false,
             lease: None,

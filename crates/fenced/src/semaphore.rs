@@ -31,6 +31,14 @@ impl Semaphore {
         Semaphore { lock }
     }
 
+    /// The same semaphore as a double barrier's membership: where the
+    /// engine has a layout of its own for double barriers (Curator's on
+    /// ZooKeeper), a permit is a member's node there.
+    pub(crate) fn for_barrier(mut self) -> Self {
+        self.lock.kind = crate::spi::Kind::Member;
+        self
+    }
+
     /// How many permits each acquisition takes (1 by default). A count of
     /// 0, or more than the semaphore has, is refused with
     /// [`InvalidInput`](crate::ErrorKind::InvalidInput) when acquiring.

@@ -73,6 +73,12 @@ impl VersionedValue {
         self
     }
 
+    /// The same value, kept in a register whatever the engine.
+    pub(crate) fn in_register(mut self) -> Self {
+        self.native = None;
+        self
+    }
+
     /// The codec, where the value lives in the engine's own layout.
     fn in_layout(&self) -> Option<Codec> {
         self.native

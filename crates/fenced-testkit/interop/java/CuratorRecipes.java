@@ -15,6 +15,13 @@
 //   latch-close ID                             "closed"
 //   latch-leader PATH                          the leader's id, or "none"
 //   latch-ids PATH                             the participants' ids, by sequence
+//   sem-acquire PATH MAX ID MS                 InterProcessSemaphoreV2: one lease, kept
+//                                              by its ID: "acquired" or "timeout"
+//   sem-release ID                             "released"
+//   dbarrier-enter PATH QTY ID MS              DistributedDoubleBarrier, kept by its ID:
+//                                              "entered" or "timeout"
+//   dbarrier-leave ID MS                       "left" or "timeout"
+//   set-data PATH TEXT                         the node's data (made if missing)
 //   quit
 //
 // An exception answers "error <message>".
@@ -29,8 +36,11 @@ import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.atomic.AtomicValue;
 import org.apache.curator.framework.recipes.atomic.DistributedAtomicLong;
 import org.apache.curator.framework.recipes.barriers.DistributedBarrier;
+import org.apache.curator.framework.recipes.barriers.DistributedDoubleBarrier;
 import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.leader.Participant;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
+import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.framework.recipes.shared.SharedCount;
 import org.apache.curator.framework.recipes.shared.SharedCountListener;
 import org.apache.curator.framework.recipes.shared.SharedCountReader;
@@ -42,6 +52,8 @@ import org.apache.curator.retry.RetryOneTime;
 public class CuratorRecipes {
     static CuratorFramework client;
     static final Map<String, LeaderLatch> latches = new HashMap<>();
+    static final Map<String, Lease> leases = new HashMap<>();
+    static final Map<String, DistributedDoubleBarrier> doubles = new HashMap<>();
 
     public static void main(String[] args) throws Exception {
         client = CuratorFrameworkFactory.newClient(args[0], 10000, 5000, new RetryOneTime(100));
@@ -61,6 +73,9 @@ public class CuratorRecipes {
             }
         }
         for (LeaderLatch l : latches.values()) {
+            l.close();
+        }
+        for (Lease l : leases.values()) {
             l.close();
         }
         client.close();
@@ -165,6 +180,36 @@ public class CuratorRecipes {
                 }
                 return ids.toString();
             }
+            case "sem-acquire": {
+                InterProcessSemaphoreV2 s =
+                        new InterProcessSemaphoreV2(client, a[1], Integer.parseInt(a[2]));
+                Lease l = s.acquire(Long.parseLong(a[4]), TimeUnit.MILLISECONDS);
+                if (l == null) {
+                    return "timeout";
+                }
+                leases.put(a[3], l);
+                return "acquired";
+            }
+            case "sem-release":
+                leases.remove(a[1]).close();
+                return "released";
+            case "dbarrier-enter": {
+                DistributedDoubleBarrier b =
+                        new DistributedDoubleBarrier(client, a[1], Integer.parseInt(a[2]));
+                doubles.put(a[3], b);
+                return b.enter(Long.parseLong(a[4]), TimeUnit.MILLISECONDS) ? "entered" : "timeout";
+            }
+            case "dbarrier-leave":
+                return doubles.get(a[1]).leave(Long.parseLong(a[2]), TimeUnit.MILLISECONDS)
+                        ? "left"
+                        : "timeout";
+            case "set-data":
+                if (client.checkExists().forPath(a[1]) == null) {
+                    client.create().creatingParentContainersIfNeeded().forPath(a[1], a[2].getBytes());
+                } else {
+                    client.setData().forPath(a[1], a[2].getBytes());
+                }
+                return "ok";
             default:
                 return "error unknown command " + a[0];
         }

@@ -512,7 +512,7 @@ mod tests {
             owner_key: owner.into(),
             hold_id: hold.into(),
             mode: Mode::Exclusive,
-            rw: false,
+            kind: Default::default(),
             lease: std::time::Duration::from_secs(30),
             fair: true,
             will_wait: true,

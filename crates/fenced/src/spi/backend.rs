@@ -269,9 +269,32 @@ pub(crate) trait NodeLayout: Send + Sync {
     fn watch_node<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()>;
 }
 
+/// The engine's own layout of double barriers (Curator's
+/// `DistributedDoubleBarrier` on ZooKeeper): each member a node of the
+/// client's session under the barrier's (a hold of a lock of
+/// [`Kind::Member`](crate::spi::Kind)), and a `ready` node set by the
+/// member that finds them all in. Every wake-up here wakes
+/// [`register_key`](crate::spi::wake::register_key)`(name)`.
+pub(crate) trait BarrierLayout: Send + Sync {
+    /// The members' nodes, sorted by name, and whether `ready` is set.
+    fn barrier_members<'a>(&'a self, name: &'a LockName) -> Reply<'a, (Vec<String>, bool)>;
+
+    /// Arranges that `ready` being set or removed wakes the waiters.
+    fn watch_ready<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()>;
+
+    /// Sets (`true`) or removes `ready`; idempotent.
+    fn set_ready<'a>(&'a self, name: &'a LockName, ready: bool) -> Reply<'a, ()>;
+
+    /// Arranges that member node `member`'s going wakes the waiters;
+    /// `false` if it is gone already.
+    fn watch_member<'a>(&'a self, name: &'a LockName, member: &'a str) -> Reply<'a, bool>;
+
+    /// The member node of `hold`, while this client knows it.
+    fn member_of(&self, hold: &HoldRef) -> Option<String>;
+}
+
 /// What a client keeps: a lock backend that is also a store, with an
-/// election layout and a layout of recipe values where the engine has
-/// them.
+/// election layout and layouts of recipes where the engine has them.
 pub(crate) trait Backend: LockBackend + Store {
     /// The engine's own election layout, if it has one.
     fn election(&self) -> Option<&dyn ElectionLayout> {
@@ -280,6 +303,11 @@ pub(crate) trait Backend: LockBackend + Store {
 
     /// The engine's own layout of recipe values, if it has one.
     fn nodes(&self) -> Option<&dyn NodeLayout> {
+        None
+    }
+
+    /// The engine's own layout of double barriers, if it has one.
+    fn barriers(&self) -> Option<&dyn BarrierLayout> {
         None
     }
 }

@@ -26,7 +26,7 @@ pub(crate) mod wake;
 
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 pub(crate) use backend::ElectionLayout;
-#[cfg(feature = "zookeeper")]
-pub(crate) use backend::NodeLayout;
 pub(crate) use backend::{Backend, Codec, DEFAULT_TIMEOUT, LockBackend, Store};
+#[cfg(feature = "zookeeper")]
+pub(crate) use backend::{BarrierLayout, NodeLayout};
 pub(crate) use types::*;

@@ -237,6 +237,8 @@ pub(crate) enum Kind {
     ReadWrite,
     /// A candidate in an election.
     Election,
+    /// A member of a double barrier (its semaphore's permit elsewhere).
+    Member,
 }
 
 /// The answer to an attempt.

@@ -10,17 +10,17 @@ use fenced_testkit::interop::CuratorRecipes;
 use fenced_testkit::servers::zookeeper::ZkEnsemble;
 use fenced_testkit::{Timing, unique};
 
-/// Runs `f` on the Curator driver in a blocking task and gives both back.
-async fn curator<T: Send + 'static>(
+/// Runs `f` on the Curator driver in a blocking task, started now; its
+/// answer gives both back.
+fn curator<T: Send + 'static>(
     mut c: CuratorRecipes,
     f: impl FnOnce(&mut CuratorRecipes) -> T + Send + 'static,
-) -> (CuratorRecipes, T) {
-    tokio::task::spawn_blocking(move || {
+) -> impl std::future::Future<Output = (CuratorRecipes, T)> {
+    let task = tokio::task::spawn_blocking(move || {
         let t = f(&mut c);
         (c, t)
-    })
-    .await
-    .unwrap()
+    });
+    async move { task.await.unwrap() }
 }
 
 /// A fenced counter and a `DistributedAtomicLong` on its path are one
@@ -264,4 +264,166 @@ async fn curator_leader_latches_are_fenced_elections() {
     assert_eq!(leader.value, b"java-c");
     assert_eq!(java.ask("latch-close java-c"), "closed");
     client.close().await;
+}
+
+/// A fenced semaphore and an `InterProcessSemaphoreV2` on one path share
+/// its permits: Curator's leases and fenced's holds add up to the size,
+/// a hold of several permits counts as that many leases, and each side's
+/// waiter gets a permit when the other side lets one go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_semaphores_share_permits_with_fenced() {
+    let t = Timing::default();
+    let z = ZkEnsemble::start();
+    let client = Client::connect(&z.url()).await.unwrap();
+    let name = unique("sem");
+    let path = format!("/{name}");
+    let pool = client.semaphore(&name, 2).unwrap();
+    let mut java = CuratorRecipes::start(&z.connect_string());
+
+    // One permit each: full.
+    let a = pool.acquire().await.unwrap();
+    assert_eq!(
+        java.ask(&format!("sem-acquire {path} 2 j1 10000")),
+        "acquired"
+    );
+    assert!(
+        pool.try_acquire().await.unwrap().is_none(),
+        "a third permit of two"
+    );
+    assert_eq!(java.ask(&format!("sem-acquire {path} 2 j2 300")), "timeout");
+    let st = client.status(&name).await.unwrap();
+    assert_eq!(st.holders.len(), 2, "{st:?}");
+
+    // A fenced waiter gets the permit Curator lets go.
+    let waiter = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.acquire_timeout(t.eventually()).await })
+    };
+    t.wait_until("the fenced waiter queues", || async {
+        client.status(&name).await.unwrap().waiters == 1
+    })
+    .await;
+    assert_eq!(java.ask("sem-release j1"), "released");
+    let b = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("Curator's release frees a permit for fenced");
+    assert!(b.fencing_token() > a.fencing_token());
+
+    // A Curator waiter gets the permit fenced lets go.
+    let p = path.clone();
+    let waiting = curator(java, move |j| j.ask(&format!("sem-acquire {p} 2 j3 10000")));
+    t.wait_until("Curator queues", || async {
+        client.status(&name).await.unwrap().waiters == 1
+    })
+    .await;
+    assert!(a.release().await.unwrap());
+    let (mut java, said) = waiting.await;
+    assert_eq!(said, "acquired");
+    assert!(pool.try_acquire().await.unwrap().is_none());
+    assert!(b.release().await.unwrap());
+    assert_eq!(java.ask("sem-release j3"), "released");
+
+    // Two permits of three are two leases to Curator.
+    let big = client.semaphore(&name, 3).unwrap();
+    assert_eq!(
+        java.ask(&format!("sem-acquire {path} 3 j4 10000")),
+        "acquired"
+    );
+    let two = big
+        .clone()
+        .permits(2)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("1 + 2 of 3");
+    assert_eq!(java.ask(&format!("sem-acquire {path} 3 j5 300")), "timeout");
+    assert!(big.try_acquire().await.unwrap().is_none());
+    assert!(two.release().await.unwrap());
+    assert_eq!(
+        java.ask(&format!("sem-acquire {path} 3 j5 10000")),
+        "acquired"
+    );
+    assert_eq!(
+        java.ask(&format!("sem-acquire {path} 3 j6 10000")),
+        "acquired"
+    );
+    assert_eq!(java.ask("sem-release j4"), "released");
+    assert_eq!(java.ask("sem-release j5"), "released");
+    assert_eq!(java.ask("sem-release j6"), "released");
+    t.wait_until("nothing is left held", || async {
+        client.status(&name).await.unwrap().is_free()
+    })
+    .await;
+    client.close().await;
+}
+
+/// Fenced members and a `DistributedDoubleBarrier` member on one path are
+/// one group: nobody passes `enter` before the last of the three is in,
+/// whichever side it is on, nor `leave` before the last is out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_double_barriers_count_fenced_members() {
+    let t = Timing::default();
+    let z = ZkEnsemble::start();
+    let (a, b) = (
+        Client::connect(&z.url()).await.unwrap(),
+        Client::connect(&z.url()).await.unwrap(),
+    );
+    let name = unique("double");
+    let path = format!("/{name}");
+    let java = CuratorRecipes::start(&z.connect_string());
+    let inside = |n: usize| {
+        let (a, name) = (a.clone(), name.clone());
+        async move {
+            t.wait_until(&format!("{n} members inside"), || async {
+                a.status(&name).await.unwrap().holders.len() == n
+            })
+            .await;
+        }
+    };
+
+    let first = {
+        let barrier = a.double_barrier(&name, 3).unwrap();
+        tokio::spawn(async move { barrier.enter().await })
+    };
+    inside(1).await;
+    let p = path.clone();
+    let curator_in = curator(java, move |j| {
+        j.ask(&format!("dbarrier-enter {p} 3 j 20000"))
+    });
+    inside(2).await;
+    tokio::time::sleep(t.ms(200)).await;
+    assert!(
+        !first.is_finished(),
+        "a fenced member passed with 2 of 3 in"
+    );
+    let last = b.double_barrier(&name, 3).unwrap().enter().await.unwrap();
+    let first = tokio::time::timeout(t.eventually(), first)
+        .await
+        .expect("the last member lets the first in")
+        .unwrap()
+        .unwrap();
+    let (java, said) = curator_in.await;
+    assert_eq!(said, "entered");
+
+    // Leaving: Curator's member and the first wait for the last.
+    let curator_out = curator(java, |j| j.ask("dbarrier-leave j 20000"));
+    let first_out = tokio::spawn(async move { first.leave().await });
+    tokio::time::sleep(t.ms(300)).await;
+    assert!(!first_out.is_finished(), "a member left before the last");
+    assert!(last.leave_timeout(t.eventually()).await.unwrap());
+    tokio::time::timeout(t.eventually(), first_out)
+        .await
+        .expect("the first member leaves")
+        .unwrap()
+        .unwrap();
+    let (_java, said) = curator_out.await;
+    assert_eq!(said, "left");
+    t.wait_until("nothing is left", || async {
+        a.status(&name).await.unwrap().is_free()
+    })
+    .await;
+    a.close().await;
+    b.close().await;
 }

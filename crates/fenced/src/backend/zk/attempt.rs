@@ -4,6 +4,12 @@ use super::*;
 
 impl ZkShared {
     pub(super) async fn attempt(self: &Arc<Self>, req: &Attempt) -> Result<Outcome> {
+        if req.kind == Kind::Member {
+            return self.attempt_member(req).await;
+        }
+        if let Mode::Permits { take, max } = req.mode {
+            return self.attempt_permits(req, take, max).await;
+        }
         let dir = Self::path_of(&req.name)?;
         let z = self.client();
         let own = self.own_node(req);
@@ -11,7 +17,7 @@ impl ZkShared {
         // lost (it timed out, or its future was dropped): adopt that node
         // rather than queue a second one behind it.
         if unpoisoned(&own.child).is_none() && own.create_sent.load(Ordering::Acquire) {
-            self.find_protected(&z, &dir, &own).await?;
+            self.adopt_protected(&z, &dir, &own).await?;
         }
         let queued_before = unpoisoned(&own.child).is_some();
         let listed = if !queued_before {
@@ -80,31 +86,15 @@ impl ZkShared {
                 let task = match w {
                     Wait::Key(k) => {
                         let path = format!("{dir}/{}", String::from_utf8_lossy(&k));
-                        let z2 = z.clone();
-                        match z.get_and_watch_data(&path).await {
-                            Ok((_, _, watcher)) => tokio::spawn(async move {
-                                let mut watcher = watcher;
-                                // The predecessor's data changing (its
-                                // holder record rewritten at its grant) is
-                                // no news for us: watch on, unwoken.
-                                while watcher.changed().await.event_type
-                                    == zk::EventType::NodeDataChanged
-                                {
-                                    match z2.get_and_watch_data(&path).await {
-                                        Ok((_, _, w)) => watcher = w,
-                                        Err(_) => break,
-                                    }
-                                }
-                                wakeups.wake_ticket(name.as_str(), token);
-                            }),
+                        match self.watch_gone(&z, path, &req.name, token).await? {
+                            Some(task) => task,
                             // Gone already: look again at once.
-                            Err(zk::Error::NoNode) => {
+                            None => {
                                 return Ok(Outcome::Busy(Blocked {
                                     ticket: Some(token),
                                     retry_after: Some(Duration::ZERO),
                                 }));
                             }
-                            Err(e) => return Err(self.err(e)),
                         }
                     }
                     _ => match z.list_and_watch_children(&dir).await {
@@ -123,6 +113,36 @@ impl ZkShared {
                     retry_after: None,
                 }))
             }
+        }
+    }
+
+    /// Watches the node at `path` (the one a waiter waits behind) with
+    /// `getData`, and wakes the waiter of `name` with `ticket` once it is
+    /// gone; `None` if it is gone already.
+    pub(super) async fn watch_gone(
+        &self,
+        z: &zk::Client,
+        path: String,
+        name: &LockName,
+        ticket: i64,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>> {
+        let (wakeups, name, z2) = (self.wakeups.clone(), name.clone(), z.clone());
+        match z.get_and_watch_data(&path).await {
+            Ok((_, _, watcher)) => Ok(Some(tokio::spawn(async move {
+                let mut watcher = watcher;
+                // The node's data changing (its holder record rewritten at
+                // its grant, a leader's proclamation) is no news for us:
+                // watch on, unwoken.
+                while watcher.changed().await.event_type == zk::EventType::NodeDataChanged {
+                    match z2.get_and_watch_data(&path).await {
+                        Ok((_, _, w)) => watcher = w,
+                        Err(_) => break,
+                    }
+                }
+                wakeups.wake_ticket(name.as_str(), ticket);
+            }))),
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(self.err(e)),
         }
     }
 
@@ -150,12 +170,18 @@ impl ZkShared {
         // A create that went out without its answer (dropped, timed out,
         // failed oddly) may have made a node: find it by its protected id,
         // or it would head the queue, unnamed, until the session ends.
-        if unpoisoned(&own.child).is_none()
+        if own.semaphore && own.session == self.session() {
+            // Its further leases and its place at the gate go first; its
+            // lease, the hold, below.
+            self.end_semaphore(&own).await?;
+        } else if own.member && own.session == self.session() {
+            self.adopt_member(&own).await?;
+        } else if unpoisoned(&own.child).is_none()
             && own.create_sent.load(Ordering::Acquire)
             && own.session == self.session()
         {
             let dir = Self::path_of(&own.name)?;
-            self.find_protected(&self.client(), &dir, &own).await?;
+            self.adopt_protected(&self.client(), &dir, &own).await?;
         }
         let child = unpoisoned(&own.child).clone();
         let granted = unpoisoned(&own.deadline).is_some();

@@ -114,13 +114,24 @@ impl LockBackend for ZkBackend {
     fn status<'a>(&'a self, name: &'a LockName) -> Reply<'a, LockStatus> {
         Box::pin(async move {
             let inner = &self.inner;
-            let (z, Queue { dir, q, owners }) = (inner.client(), inner.queue_of(name).await?);
+            let (z, queue) = (inner.client(), inner.queue_of(name).await?);
+            let Queue {
+                dir,
+                q,
+                owners,
+                gated,
+            } = queue;
             let mut last_token = inner.meta_get(TOKENS, name).await?.map_or(0, |(_, f, _)| f);
             let mut holders = Vec::new();
-            let mut waiters = 0;
+            let mut waiters = gated.unwrap_or(0);
             for ((i, (child, mode)), granted) in q.iter().enumerate().zip(grants_in(&q, &owners)) {
                 if !granted {
-                    waiters += 1;
+                    // A semaphore's acquirers are counted at its gate.
+                    waiters += usize::from(gated.is_none());
+                    continue;
+                }
+                if matches!(mode, Mode::Permits { take: 0, .. }) {
+                    // A further lease of a hold of several permits.
                     continue;
                 }
                 let (data, stat) = match z.get_data(&format!("{dir}/{child}")).await {
@@ -155,20 +166,23 @@ impl LockBackend for ZkBackend {
     fn force_release<'a>(&'a self, name: &'a LockName) -> Reply<'a, usize> {
         Box::pin(async move {
             let inner = &self.inner;
-            let (z, Queue { dir, q, owners }) = (inner.client(), inner.queue_of(name).await?);
+            let (z, Queue { dir, q, owners, .. }) = (inner.client(), inner.queue_of(name).await?);
             let mut dropped = 0;
             let mut top = 0;
             // The holders only: waiters keep their places.
-            for ((child, _), granted) in q.iter().zip(grants_in(&q, &owners)) {
+            for ((child, mode), granted) in q.iter().zip(grants_in(&q, &owners)) {
                 if !granted {
                     continue;
                 }
+                // A further lease of a hold of several permits goes with
+                // it, uncounted.
+                let counted = usize::from(!matches!(mode, Mode::Permits { take: 0, .. }));
                 let path = format!("{dir}/{child}");
                 if let Ok(Some(stat)) = z.check_stat(&path).await {
                     top = top.max(stat.czxid as u64);
                 }
                 match z.delete(&path, None).await {
-                    Ok(()) => dropped += 1,
+                    Ok(()) => dropped += counted,
                     Err(zk::Error::NoNode) => {}
                     Err(e) => return Err(inner.err(e)),
                 }
@@ -199,19 +213,64 @@ struct Queue {
     dir: String,
     q: Vec<(String, Mode)>,
     owners: Vec<Option<String>>,
+    /// For a semaphore (Curator's layout: leases and a gate, see
+    /// `semaphore.rs`), how many wait at its gate: every acquirer that
+    /// does not hold yet, the one counting the leases included. Its
+    /// queue `q` is the leases, `leases/<child>`.
+    gated: Option<usize>,
 }
 
 impl ZkShared {
+    async fn children(&self, dir: &str) -> Result<Vec<String>> {
+        match self.client().list_children(dir).await {
+            Ok(c) => Ok(c),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
     async fn queue_of(&self, name: &LockName) -> Result<Queue> {
+        use super::semaphore::{GATE, LEASES, leases, size_of};
         let dir = ZkShared::path_of(name)?;
-        let children = match self.client().list_children(&dir).await {
-            Ok(c) => c,
-            Err(zk::Error::NoNode) => Vec::new(),
-            Err(e) => return Err(self.err(e)),
+        let children = self.children(&dir).await?;
+        let (q, gated) = if children.iter().any(|c| c == LEASES || c == GATE) {
+            let (held, gate) = (format!("{dir}/{LEASES}"), format!("{dir}/{GATE}"));
+            let (held, gate) = tokio::try_join!(self.children(&held), self.children(&gate))?;
+            // A Curator semaphore's size is its own: where no fenced lease
+            // says it, every lease holds.
+            let max = size_of(&held).unwrap_or(u32::MAX);
+            let q = leases(held, max)
+                .into_iter()
+                .map(|(c, m)| (format!("{LEASES}/{c}"), m))
+                .collect();
+            (q, Some(queue(gate).len()))
+        } else if children.iter().any(|c| super::barrier::is_member(c)) {
+            // A double barrier's members: each in, as long as its node is.
+            let mut q: Vec<(String, Mode)> = children
+                .into_iter()
+                .filter(|c| super::barrier::is_member(c))
+                .map(|c| {
+                    (
+                        c,
+                        Mode::Permits {
+                            take: 1,
+                            max: u32::MAX,
+                        },
+                    )
+                })
+                .collect();
+            q.sort_by(|a, b| a.0.cmp(&b.0));
+            (q, None)
+        } else {
+            (queue(children), None)
         };
-        let q = queue(children);
         let owners = q.iter().map(|(c, _)| self.owner_of(name, c)).collect();
-        Ok(Queue { dir, q, owners })
+        Ok(Queue {
+            dir,
+            q,
+            owners,
+            gated,
+        })
     }
 }
 

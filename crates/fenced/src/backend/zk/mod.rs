@@ -14,11 +14,15 @@
 //!   Curator names them: `_c_<uuid>-lock-<10-digit sequence>` for an
 //!   mutex (`InterProcessMutex`), `_c_<uuid>-__WRIT__<seq>` and
 //!   `_c_<uuid>-__READ__<seq>` for the sides of a read-write lock
-//!   (`InterProcessReadWriteLock`), `_c_<uuid>-latch-<seq>` for an
-//!   election's candidates (`LeaderLatch`), and fenced's own
-//!   `_c_<uuid>-permit-<take>-<max>-<seq>` for semaphore permits. The `_c_`
-//!   prefix (Curator's *protected* mode) lets a client whose create reply
-//!   was lost find its node again instead of creating a second one.
+//!   (`InterProcessReadWriteLock`), and `_c_<uuid>-latch-<seq>` for an
+//!   election's candidates (`LeaderLatch`). The `_c_` prefix (Curator's
+//!   *protected* mode) lets a client whose create reply was lost find its
+//!   node again instead of creating a second one.
+//! - **Semaphore `N`**: `InterProcessSemaphoreV2`'s `N/locks` and
+//!   `N/leases` (see `semaphore.rs`).
+//! - **Recipes** Curator has keep its layouts: counters and the barrier
+//!   in the node `N` (`curator.rs`), double barriers as its children
+//!   (`barrier.rs`).
 //! - **Order**: children queue by sequence, with the grant rule every
 //!   queue-based backend shares (an exclusive node holds when first, a read
 //!   node when no exclusive node is ahead); every lock is FIFO.
@@ -60,9 +64,11 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 mod attempt;
+mod barrier;
 mod curator;
 mod holds;
 mod nodes;
+mod semaphore;
 mod session;
 mod store;
 use session::*;
@@ -106,7 +112,7 @@ fn marker(mode: Mode, kind: Kind) -> String {
         Mode::Exclusive if kind == Kind::Election => "latch-".to_owned(),
         Mode::Exclusive => "lock-".to_owned(),
         Mode::Shared => "__READ__".to_owned(),
-        Mode::Permits { take, max } => format!("permit-{take}-{max}-"),
+        Mode::Permits { take, max } => format!("permit-{take}-{max}-lease-"),
     }
 }
 
@@ -128,8 +134,22 @@ struct OwnNode {
     protect: String,
     /// An exclusive hold: holders of one name release in token order.
     exclusive: bool,
-    /// The child's name once created.
+    /// A semaphore's: its nodes are at the gate and among the leases
+    /// (see `semaphore.rs`).
+    semaphore: bool,
+    /// A double barrier member's: its node is named by its protected
+    /// id's UUID alone (see `barrier.rs`).
+    member: bool,
+    /// The child's name once created (for a semaphore, its lease: the
+    /// path below the lock's node, `leases/<child>`).
     child: Mutex<Option<String>>,
+    /// A semaphore's place at its gate, `locks/<child>`, while it has one
+    /// (see `semaphore.rs`).
+    gate: Mutex<Option<String>>,
+    /// Set before the gate's create goes out (as `create_sent`).
+    gate_sent: AtomicBool,
+    /// The further leases of a hold of several permits, as `child`.
+    extra: Mutex<Vec<String>>,
     /// Its czxid (the token once granted).
     czxid: Mutex<i64>,
     /// The session the node belongs to.

@@ -3,31 +3,42 @@
 use super::*;
 
 impl ZkShared {
-    /// The node of `own` among `dir`'s children by its protected id, if
-    /// a create of it went through; adopted as `own`'s child.
+    /// The child of `dir` whose name starts with `prefix` (a protected
+    /// id), and its czxid, if a create of it went through.
     pub(super) async fn find_protected(
         &self,
         z: &zk::Client,
         dir: &str,
-        own: &OwnNode,
-    ) -> Result<bool> {
+        prefix: &str,
+    ) -> Result<Option<(String, i64)>> {
         let children = match z.list_children(dir).await {
             Ok(c) => c,
-            Err(zk::Error::NoNode) => return Ok(false),
+            Err(zk::Error::NoNode) => return Ok(None),
             Err(e) => return Err(self.err(e)),
         };
-        let Some(c) = children.into_iter().find(|c| c.starts_with(&own.protect)) else {
-            return Ok(false);
+        let Some(c) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+            return Ok(None);
         };
-        if let Some(stat) = z
+        let stat = z
             .check_stat(&format!("{dir}/{c}"))
             .await
-            .map_err(|e| self.err(e))?
-        {
-            *unpoisoned(&own.czxid) = stat.czxid;
+            .map_err(|e| self.err(e))?;
+        Ok(stat.map(|s| (c, s.czxid)))
+    }
+
+    /// [`find_protected`](Self::find_protected) for `own`'s node in its
+    /// lock's directory `dir`, adopted as `own`'s child if found.
+    pub(super) async fn adopt_protected(
+        &self,
+        z: &zk::Client,
+        dir: &str,
+        own: &OwnNode,
+    ) -> Result<()> {
+        if let Some((child, czxid)) = self.find_protected(z, dir, &own.protect).await? {
+            *unpoisoned(&own.czxid) = czxid;
+            *unpoisoned(&own.child) = Some(child);
         }
-        *unpoisoned(&own.child) = Some(c);
-        Ok(true)
+        Ok(())
     }
 
     pub(super) fn owner_of(&self, name: &LockName, child: &str) -> Option<String> {
@@ -42,7 +53,8 @@ impl ZkShared {
     /// when their futures are made, not when polled), and ZooKeeper answers
     /// a session's requests in order, so the listing includes the new node.
     /// Curator's recipe waits for the create before it lists. The listing is
-    /// `None` when the create needed another try (then list again).
+    /// `None` when the create needed another try (then list again). The
+    /// node is `own`'s child from then on.
     pub(super) async fn create_and_list(
         &self,
         z: &zk::Client,
@@ -50,9 +62,34 @@ impl ZkShared {
         own: &OwnNode,
         req: &Attempt,
     ) -> Result<Option<Vec<String>>> {
-        let prefix = format!("{dir}/{}{}", own.protect, marker(req.mode, req.kind));
-        let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         own.create_sent.store(true, Ordering::Release);
+        let (created, listed) = self
+            .create_listed(
+                z,
+                dir,
+                &format!("{}{}", own.protect, marker(req.mode, req.kind)),
+                req,
+            )
+            .await?;
+        *unpoisoned(&own.child) = Some(created.0);
+        *unpoisoned(&own.czxid) = created.1;
+        Ok(listed)
+    }
+
+    /// Creates an ephemeral-sequential child of `dir` named `name` then a
+    /// sequence (`name` starting with a protected id), with the holder
+    /// record as its data, and lists `dir` in the same round trip (see
+    /// [`create_and_list`](Self::create_and_list)): the child and its
+    /// czxid, and the listing unless the create needed another try.
+    pub(super) async fn create_listed(
+        &self,
+        z: &zk::Client,
+        dir: &str,
+        name: &str,
+        req: &Attempt,
+    ) -> Result<((String, i64), Option<Vec<String>>)> {
+        let prefix = format!("{dir}/{name}");
+        let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         // The node's data is the holder's record: Curator reads none of
         // its lock nodes' data (its own default is the client's address).
         let data = req.holder.as_bytes();
@@ -60,23 +97,26 @@ impl ZkShared {
         let listed = z.list_children(dir);
         let (created, listed) = tokio::join!(created, listed);
         let first_went_through = created.is_ok();
-        self.create(z, dir, (&prefix, data), &opts, own, created)
+        let node = self
+            .create(z, dir, (&prefix, data), &opts, name, created)
             .await?;
-        Ok(listed.ok().filter(|_| first_went_through))
+        Ok((node, listed.ok().filter(|_| first_went_through)))
     }
 
-    /// Creates the node of `own` as `prefix` with `data` (and the lock's
-    /// container `dir` if missing), finding it again by its protected id
-    /// if a reply was lost; `first` is the reply to the create already sent.
+    /// Creates a child of `dir` as `prefix` with `data` (and `dir` and
+    /// its parents as containers where missing), finding it again by its
+    /// protected id `protect` (the child's name up to its sequence) if a
+    /// reply was lost; `first` is the reply to the create already sent.
+    /// The child and its czxid.
     pub(super) async fn create(
         &self,
         z: &zk::Client,
         dir: &str,
         (prefix, data): (&str, &[u8]),
         opts: &zk::CreateOptions<'_>,
-        own: &OwnNode,
+        protect: &str,
         first: std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>,
-    ) -> Result<()> {
+    ) -> Result<(String, i64)> {
         let mut first = Some(first);
         for _ in 0..10 {
             let created = match first.take() {
@@ -87,22 +127,14 @@ impl ZkShared {
                 Ok((stat, seq)) => {
                     let full = format!("{prefix}{seq}");
                     let child = full.rsplit('/').next().unwrap_or_default().to_owned();
-                    *unpoisoned(&own.child) = Some(child);
-                    *unpoisoned(&own.czxid) = stat.czxid;
-                    return Ok(());
+                    return Ok((child, stat.czxid));
                 }
-                Err(zk::Error::NoNode) => {
-                    let parent = zk::CreateMode::Container.with_acls(self.acls());
-                    match z.create(dir, b"", &parent).await {
-                        Ok(_) | Err(zk::Error::NodeExists) => {}
-                        Err(e) => return Err(self.err(e)),
-                    }
-                }
+                Err(zk::Error::NoNode) => self.make_containers(z, dir).await?,
                 Err(zk::Error::ConnectionLoss) => {
                     // Did the create happen? Curator's protected mode: look
                     // for our id among the children.
-                    if self.find_protected(z, dir, own).await.unwrap_or(false) {
-                        return Ok(());
+                    if let Ok(Some(found)) = self.find_protected(z, dir, protect).await {
+                        return Ok(found);
                     }
                 }
                 Err(e) => return Err(self.err(e)),
@@ -112,5 +144,20 @@ impl ZkShared {
             "ZooKeeper at {}: could not create a lock node under {dir}",
             self.label
         )))
+    }
+
+    /// Creates `dir` and each of its parents that is missing as a
+    /// container node (reaped by the server once empty), as Curator's
+    /// `creatingParentContainersIfNeeded` does.
+    pub(super) async fn make_containers(&self, z: &zk::Client, dir: &str) -> Result<()> {
+        let parent = zk::CreateMode::Container.with_acls(self.acls());
+        let ends = dir.match_indices('/').map(|(i, _)| i).skip(1);
+        for end in ends.chain([dir.len()]) {
+            match z.create(&dir[..end], b"", &parent).await {
+                Ok(_) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Ok(())
     }
 }

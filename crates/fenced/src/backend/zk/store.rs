@@ -151,4 +151,8 @@ impl Backend for ZkBackend {
     fn nodes(&self) -> Option<&dyn NodeLayout> {
         Some(self)
     }
+
+    fn barriers(&self) -> Option<&dyn crate::spi::BarrierLayout> {
+        Some(self)
+    }
 }
