@@ -484,6 +484,7 @@ impl DoubleBarrier {
             guard,
             round,
             mates,
+            nodes: Vec::new(),
             barrier: self.clone(),
         }))
     }
@@ -527,23 +528,24 @@ impl DoubleBarrier {
                     }
                     let (members, ready) = self.members_now().await?;
                     if ready {
-                        return Ok(Some(()));
+                        return Ok(Some(members));
                     }
                     if members.len() >= self.size as usize {
                         inner
                             .write("set_ready", set_ready(&*inner.backend, name, true))
                             .await?;
-                        return Ok(Some(()));
+                        return Ok(Some(members));
                     }
                     Ok(None)
                 },
             )
             .await;
         match entered {
-            Ok(Some(())) => Ok(Some(Member {
+            Ok(Some(nodes)) => Ok(Some(Member {
                 guard,
                 round: 0,
                 mates: Vec::new(),
+                nodes,
                 barrier: self.clone(),
             })),
             // Not all in by then: out again.
@@ -699,6 +701,9 @@ pub struct Member {
     round: u64,
     /// The tokens counted in that round, its own among them.
     mates: Vec<u64>,
+    /// In the engine's own layout, the members' nodes when it went in
+    /// (its round's; a member of the next is not among them).
+    nodes: Vec<String>,
     barrier: DoubleBarrier,
 }
 
@@ -757,39 +762,30 @@ impl Member {
 }
 
 impl Member {
-    /// Curator's leave: the lowest member waits for the highest to go;
-    /// every other deletes its node, then waits for the lowest; out when
-    /// no member is left. Then `ready` goes, as the leaver of Curator's
-    /// does.
+    /// Leaves in the engine's own layout (Curator's): this member's node
+    /// goes at once, then it waits until none of the nodes that were in
+    /// when it entered is left, and removes `ready`, as Curator's leaver
+    /// does. (Curator's lowest member keeps its node until it is alone;
+    /// the others go at once: either way every member waits for the
+    /// others' nodes to go. Waiting only for its own round's nodes, a
+    /// member is not held back by one that left and entered the next
+    /// round already.)
     async fn leave_in_layout(self, until: Option<Instant>) -> Result<bool> {
-        let Member { guard, barrier, .. } = self;
+        let Member {
+            guard,
+            nodes,
+            barrier,
+            ..
+        } = self;
         let b = &barrier;
         let inner = &b.rounds.client().inner;
         let name = b.lock_name();
-        let token = guard.fencing_token();
-        let Some(me) = inner
+        let me = inner
             .backend
             .barriers()
-            .and_then(|l| l.member_of(guard.hold_ref()))
-        else {
-            return Err(Error::new(
-                crate::ErrorKind::Lost,
-                format!(
-                    "double barrier {:?}: this member (token {token}) is no longer in",
-                    b.name()
-                ),
-            ));
-        };
-        let slot = std::sync::Mutex::new(Some(guard));
-        let (slot, me) = (&slot, me.as_str());
-        // Lets this member's node go, once.
-        let go = || async move {
-            let g = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
-            match g {
-                Some(g) => g.release().await.map(drop),
-                None => Ok(()),
-            }
-        };
+            .and_then(|l| l.member_of(guard.hold_ref()));
+        guard.release().await?;
+        let (nodes, me) = (&nodes, me.as_deref());
         let nothing = |_: &dyn crate::spi::Backend| -> crate::spi::Reply<'_, ()> {
             Box::pin(async { Ok(()) })
         };
@@ -797,34 +793,15 @@ impl Member {
             .wait_armed(name, until, nothing, || async move {
                 loop {
                     let (members, _) = b.members_now().await?;
-                    if members.is_empty() {
+                    let Some(mate) = members
+                        .iter()
+                        .find(|m| Some(m.as_str()) != me && nodes.contains(m))
+                    else {
                         return Ok(Some(()));
-                    }
-                    let mine = members.iter().position(|m| m == me);
-                    let inside = slot.lock().unwrap_or_else(|e| e.into_inner()).is_some();
-                    if mine.is_none() && inside {
-                        return Err(Error::new(
-                            crate::ErrorKind::Lost,
-                            format!(
-                                "double barrier {:?}: this member's node (token {token}) went \
-                                 before the others left",
-                                b.name()
-                            ),
-                        ));
-                    }
-                    if members.len() == 1 {
-                        go().await?;
-                        return Ok(Some(()));
-                    }
-                    let target = if mine == Some(0) {
-                        &members[members.len() - 1]
-                    } else {
-                        go().await?;
-                        &members[0]
                     };
                     let watching = inner
                         .read("watch_member", |b| match b.barriers() {
-                            Some(l) => l.watch_member(name, target),
+                            Some(l) => l.watch_member(name, mate),
                             None => Box::pin(async { Ok(false) }),
                         })
                         .await?;
@@ -834,11 +811,7 @@ impl Member {
                     // Gone already: look again.
                 }
             })
-            .await;
-        // Whatever came of it, this member is out.
-        let gone = go().await;
-        let out = out?;
-        gone?;
+            .await?;
         inner
             .write("set_ready", set_ready(&*inner.backend, name, false))
             .await?;
