@@ -527,7 +527,9 @@ impl DoubleBarrier {
                         ));
                     }
                     let (members, ready) = self.members_now().await?;
-                    if ready {
+                    // A `ready` whose round is over (all its members gone
+                    // without the last of them removing it) opens nothing.
+                    if ready && !self.clear_stale_ready().await? {
                         return Ok(Some(members));
                     }
                     if members.len() >= self.size as usize {
@@ -558,6 +560,17 @@ impl DoubleBarrier {
                 Err(e)
             }
         }
+    }
+
+    /// Removes a `ready` left from a round that is over; whether it did.
+    async fn clear_stale_ready(&self) -> Result<bool> {
+        let name = self.lock_name();
+        let inner = &self.rounds.client().inner;
+        let clear = match inner.backend.barriers() {
+            Some(l) => l.clear_stale_ready(name),
+            None => return Ok(false),
+        };
+        inner.write("clear_stale_ready", clear).await
     }
 
     /// The members' nodes in the engine's layout, sorted, and whether

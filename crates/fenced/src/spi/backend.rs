@@ -285,6 +285,11 @@ pub(crate) trait BarrierLayout: Send + Sync {
     /// Sets (`true`) or removes `ready`; idempotent.
     fn set_ready<'a>(&'a self, name: &'a LockName, ready: bool) -> Reply<'a, ()>;
 
+    /// Removes `ready` if it is left from a round none of whose members
+    /// is in any more (every member node there now came after it);
+    /// whether it did.
+    fn clear_stale_ready<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool>;
+
     /// Arranges that member node `member`'s going wakes the waiters;
     /// `false` if it is gone already.
     fn watch_member<'a>(&'a self, name: &'a LockName, member: &'a str) -> Reply<'a, bool>;

@@ -71,6 +71,26 @@ async fn curator_atomic_longs_are_fenced_counters() {
     assert_eq!(counter.get().await.unwrap(), 400);
     assert_eq!(java.ask(&format!("dal-get {path}")), "400");
 
+    // An older fenced kept a counter in its register: it goes on from
+    // there, so an upgrade reissues no ID.
+    let old = unique("dal");
+    let register = client.versioned(&old).unwrap();
+    assert!(register.compare_and_set(0, "41").await.unwrap());
+    let moved = client.counter(&old).unwrap();
+    assert_eq!(moved.get().await.unwrap(), 41);
+    assert_eq!(moved.add(1).await.unwrap(), 42);
+    assert_eq!(java.ask(&format!("dal-get /{old}")), "42");
+
+    // A lock's node is a container the server deletes once empty: a
+    // counter or barrier of its name is refused, not lost with it.
+    let locked = unique("dal");
+    let g = client.mutex(&locked).unwrap().acquire().await.unwrap();
+    let e = client.counter(&locked).unwrap().add(1).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    let e = client.barrier(&locked).unwrap().is_set().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    g.release().await.unwrap();
+
     // A sequence over it hands out what Curator's adds do not.
     let seq = client.sequence(&name).unwrap();
     let a = seq.next().await.unwrap();

@@ -150,6 +150,42 @@ impl ZkShared {
         )))
     }
 
+    async fn clear_stale_ready(&self, name: &LockName) -> Result<bool> {
+        let dir = Self::path_of(name)?;
+        let z = self.client();
+        let children = match z.list_children(&dir).await {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => return Ok(false),
+            Err(e) => return Err(self.err(e)),
+        };
+        // Every stat in one round trip (the client pipelines them).
+        let stats = children.iter().map(|c| {
+            let (z, path) = (z.clone(), format!("{dir}/{c}"));
+            async move { z.check_stat(&path).await }
+        });
+        let stats = futures_util::future::join_all(stats).await;
+        let mut ready = None;
+        let mut members = Vec::new();
+        for (c, stat) in children.iter().zip(stats) {
+            let stat = stat.map_err(|e| self.err(e))?;
+            match (c == READY, stat) {
+                (true, Some(s)) => ready = Some(s.czxid),
+                (false, Some(s)) => members.push(s.czxid),
+                (_, None) => {}
+            }
+        }
+        let Some(ready) = ready else {
+            return Ok(false);
+        };
+        if members.iter().any(|&m| m < ready) {
+            return Ok(false);
+        }
+        match z.delete(&format!("{dir}/{READY}"), None).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(true),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
     async fn watch_member(&self, name: &LockName, member: &str) -> Result<bool> {
         let key = register_key(name.as_str());
         let id = format!("member:{key}:{member}");
@@ -187,6 +223,10 @@ impl BarrierLayout for ZkBackend {
 
     fn watch_member<'a>(&'a self, name: &'a LockName, member: &'a str) -> Reply<'a, bool> {
         Box::pin(self.inner.watch_member(name, member))
+    }
+
+    fn clear_stale_ready<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        Box::pin(self.inner.clear_stale_ready(name))
     }
 
     fn member_of(&self, hold: &HoldRef) -> Option<String> {

@@ -18,6 +18,16 @@ use super::*;
 use crate::spi::wake::register_key;
 use crate::spi::{Codec, ElectionLayout, LeaderValue, NodeLayout};
 
+/// Whether the node of `stat` is a lock's directory: it has had children
+/// and holds no data. Such nodes are containers (fenced's and Curator's
+/// alike), which the server deletes once empty, taking a value written
+/// there with them; a stat does not tell a container apart, so this is
+/// how it is told. (A counter or barrier node that a lock of the same
+/// name has used as its directory looks the same, and is refused too.)
+fn is_directory(stat: &zk::Stat) -> bool {
+    stat.data_length == 0 && stat.cversion > 0
+}
+
 /// What a counter's node data says: the value and the width it was in
 /// (0 for no data).
 fn decode_count(name: &LockName, raw: &[u8]) -> Result<(i64, u64)> {
@@ -78,8 +88,26 @@ impl ZkShared {
     async fn node_read(&self, name: &LockName, codec: Codec) -> Result<RegisterValue> {
         let path = Self::path_of(name)?;
         let Some((raw, stat)) = self.synced_get(&path).await? else {
-            return Ok(None);
+            if codec == Codec::Presence {
+                return Ok(None);
+            }
+            // Older fenced kept counters in their register: a counter not
+            // yet at its path starts from there (written at the path by
+            // its next change), so an upgrade reissues no ID.
+            return Ok(self
+                .meta_get(REGISTERS, name)
+                .await?
+                .map(|(v, _, _)| (v, 0)));
         };
+        if is_directory(&stat) {
+            return Err(Error::invalid(format!(
+                "{path} on ZooKeeper is the node of a lock, semaphore, election or double \
+                 barrier named {:?} (it has had children and holds no value: a container, \
+                 which the server deletes once empty): a counter or barrier of the same name \
+                 would go with it; name them apart",
+                name.as_str()
+            )));
+        }
         if codec == Codec::Presence {
             return Ok(Some((b"1".to_vec(), stat.czxid.max(1) as u64)));
         }

@@ -221,7 +221,7 @@ struct Queue {
 }
 
 impl ZkShared {
-    async fn children(&self, dir: &str) -> Result<Vec<String>> {
+    pub(super) async fn children(&self, dir: &str) -> Result<Vec<String>> {
         match self.client().list_children(dir).await {
             Ok(c) => Ok(c),
             Err(zk::Error::NoNode) => Ok(Vec::new()),

@@ -132,8 +132,11 @@ impl ZkShared {
                 Err(zk::Error::NoNode) => self.make_containers(z, dir).await?,
                 Err(zk::Error::ConnectionLoss) => {
                     // Did the create happen? Curator's protected mode: look
-                    // for our id among the children.
-                    if let Ok(Some(found)) = self.find_protected(z, dir, protect).await {
+                    // for our id among the children. A look that fails
+                    // says nothing: fail rather than create a second
+                    // node, and the next try or the withdrawal looks again
+                    // (the caller marked the create as sent).
+                    if let Some(found) = self.find_protected(z, dir, protect).await? {
                         return Ok(found);
                     }
                 }

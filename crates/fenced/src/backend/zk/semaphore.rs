@@ -17,9 +17,10 @@
 //! Curator only counts the children, and fenced reads how many permits
 //! the semaphore has (a request for another number is refused, as on
 //! every backend). A hold of several permits has one lease per permit, as
-//! Curator's `acquire(n)` does: the first counts them all (`<take>`), the
-//! others, `_c_<uuid>-x<i>-permit-0-<max>-lease-<seq>`, count nothing
-//! beside it. A Curator lease (`_c_<uuid>-lease-<seq>`) counts one permit
+//! Curator's `acquire(n)` does: the hold's own counts them all (`<take>`),
+//! the others, `_c_<uuid>-x<8 hex digits>-permit-0-<max>-lease-<seq>`,
+//! count nothing beside it; they are made first, so a hold is never
+//! granted short of its leases. A Curator lease (`_c_<uuid>-lease-<seq>`) counts one permit
 //! of the asker's number.
 
 use super::*;
@@ -79,7 +80,14 @@ impl ZkShared {
         }
         if unpoisoned(&own.child).is_none() {
             if let Some(waiting) = self.at_gate(&z, &gate_dir, &own, req).await? {
-                return Ok(waiting);
+                if req.will_wait {
+                    return Ok(waiting);
+                }
+                // A try does not wait for permits, but it waits its turn
+                // at the gate while some are free.
+                if let Some(busy) = self.try_turn(&z, &dir, &own, req, take, max).await? {
+                    return Ok(busy);
+                }
             }
             self.create_leases(&z, &lease_dir, &own, req, take, max)
                 .await?;
@@ -191,9 +199,12 @@ impl ZkShared {
             return Ok(None);
         }
         let ahead = q[me - 1].0.clone();
-        let wait = Wait::Key(ahead.clone().into_bytes());
-        if let Some(o) = unwaited(self, req, &wait).await {
-            return Ok(Some(o));
+        if !req.will_wait {
+            // Not first: the try decides (`try_turn`).
+            return Ok(Some(Outcome::Busy(Blocked {
+                ticket: None,
+                retry_after: None,
+            })));
         }
         let ticket = *unpoisoned(&own.czxid);
         let path = format!("{gate_dir}/{ahead}");
@@ -212,8 +223,62 @@ impl ZkShared {
         })))
     }
 
-    /// Creates `own`'s leases: one for the hold, and one more for each
-    /// further permit it takes.
+    /// A try's turn at the gate, its place taken: it waits (bounded by
+    /// half a request timeout) while the leases leave room for it, since
+    /// whoever is ahead at the gate is then only counting, not waiting
+    /// for permits; `None` once it is first, else busy, its place given
+    /// up. A full semaphore answers busy at once.
+    async fn try_turn(
+        &self,
+        z: &zk::Client,
+        dir: &str,
+        own: &OwnNode,
+        req: &Attempt,
+        take: u32,
+        max: u32,
+    ) -> Result<Option<Outcome>> {
+        let (gate_dir, lease_dir) = (format!("{dir}/{GATE}"), format!("{dir}/{LEASES}"));
+        let until = Instant::now() + self.timeout / 2;
+        let busy = Wait::Any;
+        loop {
+            let used: u64 = leases(self.children(&lease_dir).await?, max)
+                .iter()
+                .map(|(_, m)| u64::from(m.permits().0))
+                .sum();
+            if used + u64::from(take) > u64::from(max) {
+                break;
+            }
+            let q = queue(self.children(&gate_dir).await?);
+            let mine = unpoisoned(&own.gate).clone().unwrap_or_default();
+            let Some(me) = q.iter().position(|(c, _)| *c == mine) else {
+                break;
+            };
+            if me == 0 {
+                return Ok(None);
+            }
+            let path = format!("{gate_dir}/{}", q[me - 1].0);
+            match z.get_and_watch_data(&path).await {
+                Ok((_, _, watcher)) => {
+                    if tokio::time::timeout_at(until, watcher.changed())
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(self.err(e)),
+            }
+            if Instant::now() >= until {
+                break;
+            }
+        }
+        Ok(unwaited(self, req, &busy).await)
+    }
+
+    /// Creates `own`'s leases: one more for each further permit it takes
+    /// (those an earlier try made, adopted, count), then the hold's own,
+    /// last, so that a hold is never granted short of a lease.
     async fn create_leases(
         &self,
         z: &zk::Client,
@@ -226,6 +291,21 @@ impl ZkShared {
         own.create_sent.store(true, Ordering::Release);
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let data = req.holder.as_bytes();
+        let have = unpoisoned(&own.extra).len() as u32;
+        for _ in have..take.saturating_sub(1) {
+            // A name of its own, found again by it alone after a lost reply.
+            let name = format!(
+                "{}x{:08x}-permit-0-{max}-lease-",
+                own.protect,
+                fastrand::u32(..)
+            );
+            let prefix = format!("{lease_dir}/{name}");
+            let sent = z.create(&prefix, data, &opts).await;
+            let (child, _) = self
+                .create(z, lease_dir, (&prefix, data), &opts, &name, sent)
+                .await?;
+            unpoisoned(&own.extra).push(format!("{LEASES}/{child}"));
+        }
         let first = format!("{}{}", own.protect, marker(req.mode, req.kind));
         let prefix = format!("{lease_dir}/{first}");
         let sent = z.create(&prefix, data, &opts).await;
@@ -234,15 +314,6 @@ impl ZkShared {
             .await?;
         *unpoisoned(&own.czxid) = czxid;
         *unpoisoned(&own.child) = Some(format!("{LEASES}/{child}"));
-        for i in 1..take {
-            let name = format!("{}x{i}-permit-0-{max}-lease-", own.protect);
-            let prefix = format!("{lease_dir}/{name}");
-            let sent = z.create(&prefix, data, &opts).await;
-            let (child, _) = self
-                .create(z, lease_dir, (&prefix, data), &opts, &name, sent)
-                .await?;
-            unpoisoned(&own.extra).push(format!("{LEASES}/{child}"));
-        }
         Ok(())
     }
 
