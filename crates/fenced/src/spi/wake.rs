@@ -72,21 +72,10 @@ impl RegisterWatches {
             .is_some_and(|ts| ts.iter().any(|t| !t.is_finished()))
     }
 
-    /// Keeps the engine's watch `fired` (set up already, resolving when the
-    /// register changes or the watch breaks) until it resolves, then wakes
-    /// `key`'s waiters; or drops it once nobody in this client waits on
-    /// `key`.
-    #[cfg(feature = "zookeeper")]
-    pub(crate) fn keep(
-        &self,
-        wakeups: &Arc<Wakeups>,
-        key: String,
-        fired: impl std::future::Future<Output = ()> + Send + 'static,
-    ) {
-        self.keep_as(wakeups, key.clone(), key, fired);
-    }
-
-    /// Keeps a watch known as `id` that wakes `key`, as `keep` does.
+    /// Keeps the engine's watch `fired`, known as `id` (set up already,
+    /// resolving when what it watches changes or the watch breaks) until
+    /// it resolves, then wakes `key`'s waiters; or drops it once nobody in
+    /// this client waits on `key`.
     pub(crate) fn keep_as(
         &self,
         wakeups: &Arc<Wakeups>,

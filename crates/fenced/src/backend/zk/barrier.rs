@@ -109,21 +109,8 @@ impl ZkShared {
 
     async fn watch_ready(&self, name: &LockName) -> Result<()> {
         let key = register_key(name.as_str());
-        let id = format!("ready:{key}");
-        if self.register_watches.armed(&id) {
-            return Ok(());
-        }
         let path = format!("{}/{READY}", Self::path_of(name)?);
-        let (_, watcher) = self
-            .client()
-            .check_and_watch_stat(&path)
-            .await
-            .map_err(|e| self.err(e))?;
-        self.register_watches
-            .keep_as(&self.wakeups, id, key, async move {
-                watcher.changed().await;
-            });
-        Ok(())
+        self.watch_exists(&path, format!("ready:{key}"), key).await
     }
 
     async fn set_ready(&self, name: &LockName, ready: bool) -> Result<()> {

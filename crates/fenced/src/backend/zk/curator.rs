@@ -173,22 +173,8 @@ impl ZkShared {
 
     async fn watch_node(&self, name: &LockName) -> Result<()> {
         let key = register_key(name.as_str());
-        let id = format!("node:{key}");
-        if self.register_watches.armed(&id) {
-            return Ok(());
-        }
-        // An exists watch fires on create, change and delete alike.
         let path = Self::path_of(name)?;
-        let (_, watcher) = self
-            .client()
-            .check_and_watch_stat(&path)
-            .await
-            .map_err(|e| self.err(e))?;
-        self.register_watches
-            .keep_as(&self.wakeups, id, key, async move {
-                watcher.changed().await;
-            });
-        Ok(())
+        self.watch_exists(&path, format!("node:{key}"), key).await
     }
 }
 

@@ -41,6 +41,27 @@ impl ZkShared {
         }
     }
 
+    /// An exists watch on `path`, known as `id` among the client's watches
+    /// (armed once while it has not fired), that wakes `key`: it fires
+    /// when the node is created, changed or deleted, and when the session
+    /// ends (a change may then have gone unseen: the waiters look again
+    /// all the same).
+    pub(super) async fn watch_exists(&self, path: &str, id: String, key: String) -> Result<()> {
+        if self.register_watches.armed(&id) {
+            return Ok(());
+        }
+        let (_, watcher) = self
+            .client()
+            .check_and_watch_stat(path)
+            .await
+            .map_err(|e| self.err(e))?;
+        self.register_watches
+            .keep_as(&self.wakeups, id, key, async move {
+                watcher.changed().await;
+            });
+        Ok(())
+    }
+
     /// Changes `dir/N` by compare-and-set on its version.
     pub(super) async fn meta_cas<F>(&self, dir: &str, name: &LockName, decide: F) -> Result<bool>
     where
@@ -114,26 +135,9 @@ impl Store for ZkBackend {
 
     fn watch_register<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()> {
         Box::pin(async move {
-            let inner = &self.inner;
             let key = register_key(name.as_str());
-            if inner.register_watches.armed(&key) {
-                return Ok(());
-            }
-            // An exists watch: it fires when the node is created, changed
-            // or deleted, and when the session ends (a change may then
-            // have gone unseen: the waiters look again all the same).
             let path = format!("{REGISTERS}/{}", name.as_str());
-            let (_, watcher) = inner
-                .client()
-                .check_and_watch_stat(&path)
-                .await
-                .map_err(|e| inner.err(e))?;
-            inner
-                .register_watches
-                .keep(&inner.wakeups, key, async move {
-                    watcher.changed().await;
-                });
-            Ok(())
+            self.inner.watch_exists(&path, key.clone(), key).await
         })
     }
 
