@@ -528,8 +528,9 @@ impl DoubleBarrier {
                     }
                     let (members, ready) = self.members_now().await?;
                     // A `ready` whose round is over (all its members gone
-                    // without the last of them removing it) opens nothing.
-                    if ready && !self.clear_stale_ready().await? {
+                    // without the last of them removing it) opens nothing;
+                    // the member that fills this round replaces it.
+                    if ready && !self.ready_is_stale().await? {
                         return Ok(Some(members));
                     }
                     if members.len() >= self.size as usize {
@@ -562,15 +563,15 @@ impl DoubleBarrier {
         }
     }
 
-    /// Removes a `ready` left from a round that is over; whether it did.
-    async fn clear_stale_ready(&self) -> Result<bool> {
+    /// Whether `ready` is left from a round that is over.
+    async fn ready_is_stale(&self) -> Result<bool> {
         let name = self.lock_name();
-        let inner = &self.rounds.client().inner;
-        let clear = match inner.backend.barriers() {
-            Some(l) => l.clear_stale_ready(name),
-            None => return Ok(false),
-        };
-        inner.write("clear_stale_ready", clear).await
+        (self.rounds.client().inner)
+            .read("ready_is_stale", |b| match b.barriers() {
+                Some(l) => l.ready_is_stale(name),
+                None => Box::pin(async { Ok(false) }),
+            })
+            .await
     }
 
     /// The members' nodes in the engine's layout, sorted, and whether

@@ -282,13 +282,16 @@ pub(crate) trait BarrierLayout: Send + Sync {
     /// Arranges that `ready` being set or removed wakes the waiters.
     fn watch_ready<'a>(&'a self, name: &'a LockName) -> Reply<'a, ()>;
 
-    /// Sets (`true`) or removes `ready`; idempotent.
+    /// Sets `ready` anew (`true`: made, or replaced in one step if one
+    /// is there, so it is newer than every member node), or removes it;
+    /// idempotent.
     fn set_ready<'a>(&'a self, name: &'a LockName, ready: bool) -> Reply<'a, ()>;
 
-    /// Removes `ready` if it is left from a round none of whose members
-    /// is in any more (every member node there now came after it);
-    /// whether it did.
-    fn clear_stale_ready<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool>;
+    /// Whether `ready` is left from a round none of whose members is in
+    /// any more: every member node there now came after it. Such a
+    /// `ready` opens nothing; the member that fills the next round
+    /// replaces it.
+    fn ready_is_stale<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool>;
 
     /// Arranges that member node `member`'s going wakes the waiters;
     /// `false` if it is gone already.

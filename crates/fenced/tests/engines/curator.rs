@@ -444,6 +444,31 @@ async fn curator_double_barriers_count_fenced_members() {
         a.status(&name).await.unwrap().is_free()
     })
     .await;
+
+    // A round whose members all went without leaving leaves its `ready`
+    // behind: it lets no later member in alone, and the next round fills.
+    let left = unique("double");
+    let (x, y) = tokio::join!(
+        async { a.double_barrier(&left, 2).unwrap().enter().await.unwrap() },
+        async { b.double_barrier(&left, 2).unwrap().enter().await.unwrap() },
+    );
+    drop((x, y));
+    t.wait_until("the dropped members' nodes go", || async {
+        a.status(&left).await.unwrap().is_free()
+    })
+    .await;
+    let alone = a.double_barrier(&left, 2).unwrap();
+    assert!(
+        alone.enter_timeout(t.ms(300)).await.unwrap().is_none(),
+        "a leftover ready let a lone member in"
+    );
+    let (x, y) = tokio::join!(
+        async { a.double_barrier(&left, 2).unwrap().enter().await.unwrap() },
+        async { b.double_barrier(&left, 2).unwrap().enter().await.unwrap() },
+    );
+    let (x, y) = tokio::join!(x.leave(), y.leave());
+    x.unwrap();
+    y.unwrap();
     a.close().await;
     b.close().await;
 }

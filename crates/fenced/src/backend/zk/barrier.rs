@@ -124,10 +124,30 @@ impl ZkShared {
             };
         }
         let opts = zk::CreateMode::Persistent.with_acls(self.acls());
-        for _ in 0..3 {
+        for _ in 0..5 {
             match z.create(&path, b"", &opts).await {
-                Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+                Ok(_) => return Ok(()),
                 Err(zk::Error::NoNode) => self.make_containers(&z, &dir).await?,
+                Err(zk::Error::NodeExists) => {
+                    // One there, perhaps left from a round that is over:
+                    // replaced in one step, so it is newer than every
+                    // member of this round (a member filling the round
+                    // at the same time replaces it too: one is there).
+                    let mut w = z.new_multi_writer();
+                    if w.add_delete(&path, None).is_err()
+                        || w.add_create(&path, b"", &opts).is_err()
+                    {
+                        return Err(Error::invalid(format!("ZooKeeper path {path} refused")));
+                    }
+                    match w.commit().await {
+                        Ok(_) => return Ok(()),
+                        // Gone meanwhile: make it again.
+                        Err(zk::MultiWriteError::OperationFailed { .. }) => {}
+                        Err(zk::MultiWriteError::RequestFailed { source }) => {
+                            return Err(self.err(source));
+                        }
+                    }
+                }
                 Err(e) => return Err(self.err(e)),
             }
         }
@@ -137,7 +157,7 @@ impl ZkShared {
         )))
     }
 
-    async fn clear_stale_ready(&self, name: &LockName) -> Result<bool> {
+    async fn ready_is_stale(&self, name: &LockName) -> Result<bool> {
         let dir = Self::path_of(name)?;
         let z = self.client();
         let children = match z.list_children(&dir).await {
@@ -164,13 +184,7 @@ impl ZkShared {
         let Some(ready) = ready else {
             return Ok(false);
         };
-        if members.iter().any(|&m| m < ready) {
-            return Ok(false);
-        }
-        match z.delete(&format!("{dir}/{READY}"), None).await {
-            Ok(()) | Err(zk::Error::NoNode) => Ok(true),
-            Err(e) => Err(self.err(e)),
-        }
+        Ok(members.iter().all(|&m| m > ready))
     }
 
     async fn watch_member(&self, name: &LockName, member: &str) -> Result<bool> {
@@ -212,8 +226,8 @@ impl BarrierLayout for ZkBackend {
         Box::pin(self.inner.watch_member(name, member))
     }
 
-    fn clear_stale_ready<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
-        Box::pin(self.inner.clear_stale_ready(name))
+    fn ready_is_stale<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
+        Box::pin(self.inner.ready_is_stale(name))
     }
 
     fn member_of(&self, hold: &HoldRef) -> Option<String> {

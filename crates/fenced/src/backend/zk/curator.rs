@@ -71,6 +71,13 @@ fn encode_count(name: &LockName, value: &[u8], width: u64) -> Result<Vec<u8>> {
     Ok(n.to_be_bytes().to_vec())
 }
 
+/// A counter's value in register form, and its version, from its node.
+fn count_value(name: &LockName, raw: &[u8], stat: &zk::Stat) -> Result<RegisterValue> {
+    let (n, width) = decode_count(name, raw)?;
+    let version = (u64::from(stat.version as u32) + 1) << 2 | width;
+    Ok(Some((n.to_string().into_bytes(), version)))
+}
+
 impl ZkShared {
     /// The data and stat of the node at `path`, read after a sync through
     /// the leader (see `meta_get`); `None` when there is no such node.
@@ -92,12 +99,26 @@ impl ZkShared {
                 return Ok(None);
             }
             // Older fenced kept counters in their register: a counter not
-            // yet at its path starts from there (written at the path by
-            // its next change), so an upgrade reissues no ID.
-            return Ok(self
-                .meta_get(REGISTERS, name)
-                .await?
-                .map(|(v, _, _)| (v, 0)));
+            // yet at its path is moved there at its first read, so an
+            // upgrade reissues no ID. (A register that holds no integer is
+            // another kind of value: not moved.)
+            let Some((old, _, _)) = self.meta_get(REGISTERS, name).await? else {
+                return Ok(None);
+            };
+            if std::str::from_utf8(&old).map_or(true, |t| t.parse::<i64>().is_err()) {
+                return Ok(None);
+            }
+            let width = if codec == Codec::Int { 1 } else { 2 };
+            let data = encode_count(name, &old, width)?;
+            let opts = zk::CreateMode::Persistent.with_acls(self.acls());
+            return match self.client().create(&path, &data, &opts).await {
+                // Moved, by this client or another first: read it there.
+                Ok(_) | Err(zk::Error::NodeExists) => match self.synced_get(&path).await? {
+                    Some((raw, stat)) => count_value(name, &raw, &stat),
+                    None => Ok(None),
+                },
+                Err(e) => Err(self.err(e)),
+            };
         };
         if is_directory(&stat) {
             return Err(Error::invalid(format!(
@@ -111,9 +132,7 @@ impl ZkShared {
         if codec == Codec::Presence {
             return Ok(Some((b"1".to_vec(), stat.czxid.max(1) as u64)));
         }
-        let (n, width) = decode_count(name, &raw)?;
-        let version = (u64::from(stat.version as u32) + 1) << 2 | width;
-        Ok(Some((n.to_string().into_bytes(), version)))
+        count_value(name, &raw, &stat)
     }
 
     async fn node_write(

@@ -227,7 +227,7 @@ impl ZkShared {
     /// half a request timeout) while the leases leave room for it, since
     /// whoever is ahead at the gate is then only counting, not waiting
     /// for permits; `None` once it is first, else busy, its place given
-    /// up. A full semaphore answers busy at once.
+    /// up. A semaphore that is or becomes full answers busy at once.
     async fn try_turn(
         &self,
         z: &zk::Client,
@@ -240,8 +240,15 @@ impl ZkShared {
         let (gate_dir, lease_dir) = (format!("{dir}/{GATE}"), format!("{dir}/{LEASES}"));
         let until = Instant::now() + self.timeout / 2;
         let busy = Wait::Any;
-        loop {
-            let used: u64 = leases(self.children(&lease_dir).await?, max)
+        while Instant::now() < until {
+            // The leases, watched: one made by whoever is ahead may fill
+            // the semaphore.
+            let (held, made) = match z.list_and_watch_children(&lease_dir).await {
+                Ok((c, w)) => (c, Some(w)),
+                Err(zk::Error::NoNode) => (Vec::new(), None),
+                Err(e) => return Err(self.err(e)),
+            };
+            let used: u64 = leases(held, max)
                 .iter()
                 .map(|(_, m)| u64::from(m.permits().0))
                 .sum();
@@ -257,19 +264,24 @@ impl ZkShared {
                 return Ok(None);
             }
             let path = format!("{gate_dir}/{}", q[me - 1].0);
-            match z.get_and_watch_data(&path).await {
-                Ok((_, _, watcher)) => {
-                    if tokio::time::timeout_at(until, watcher.changed())
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
-                }
-                Err(zk::Error::NoNode) => {}
+            let ahead = match z.get_and_watch_data(&path).await {
+                Ok((_, _, w)) => w,
+                // Gone: look again.
+                Err(zk::Error::NoNode) => continue,
                 Err(e) => return Err(self.err(e)),
-            }
-            if Instant::now() >= until {
+            };
+            let changed = async move {
+                match made {
+                    Some(made) => {
+                        tokio::select! {
+                            _ = ahead.changed() => {}
+                            _ = made.changed() => {}
+                        }
+                    }
+                    None => drop(ahead.changed().await),
+                }
+            };
+            if tokio::time::timeout_at(until, changed).await.is_err() {
                 break;
             }
         }
