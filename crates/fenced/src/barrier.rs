@@ -530,7 +530,7 @@ impl DoubleBarrier {
                     // A `ready` whose round is over (all its members gone
                     // without the last of them removing it) opens nothing;
                     // the member that fills this round replaces it.
-                    if ready && !self.ready_is_stale().await? {
+                    if ready && !self.ready_is_stale(&members).await? {
                         return Ok(Some(members));
                     }
                     if members.len() >= self.size as usize {
@@ -564,11 +564,11 @@ impl DoubleBarrier {
     }
 
     /// Whether `ready` is left from a round that is over.
-    async fn ready_is_stale(&self) -> Result<bool> {
+    async fn ready_is_stale(&self, members: &[String]) -> Result<bool> {
         let name = self.lock_name();
         (self.rounds.client().inner)
             .read("ready_is_stale", |b| match b.barriers() {
-                Some(l) => l.ready_is_stale(name),
+                Some(l) => l.ready_is_stale(name, members),
                 None => Box::pin(async { Ok(false) }),
             })
             .await

@@ -288,10 +288,11 @@ pub(crate) trait BarrierLayout: Send + Sync {
     fn set_ready<'a>(&'a self, name: &'a LockName, ready: bool) -> Reply<'a, ()>;
 
     /// Whether `ready` is left from a round none of whose members is in
-    /// any more: every member node there now came after it. Such a
-    /// `ready` opens nothing; the member that fills the next round
-    /// replaces it.
-    fn ready_is_stale<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool>;
+    /// any more: every one of `members` (as
+    /// [`barrier_members`](Self::barrier_members) listed them) still there
+    /// came after it. Such a `ready` opens nothing; the member that fills
+    /// the next round replaces it.
+    fn ready_is_stale<'a>(&'a self, name: &'a LockName, members: &'a [String]) -> Reply<'a, bool>;
 
     /// Arranges that member node `member`'s going wakes the waiters;
     /// `false` if it is gone already.

@@ -28,11 +28,7 @@ impl ZkShared {
         let mine = unpoisoned(&own.child).clone().unwrap_or_default();
         let children = match listed {
             Some(c) => c,
-            None => match z.list_children(&dir).await {
-                Ok(c) => c,
-                Err(zk::Error::NoNode) => Vec::new(),
-                Err(e) => return Err(self.err(e)),
-            },
+            None => self.children(&dir).await?,
         };
         let q = queue(children);
         let Some(me) = q.iter().position(|(c, _)| *c == mine) else {

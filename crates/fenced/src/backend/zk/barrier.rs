@@ -95,11 +95,7 @@ impl ZkShared {
 
     async fn barrier_members(&self, name: &LockName) -> Result<(Vec<String>, bool)> {
         let dir = Self::path_of(name)?;
-        let mut children = match self.client().list_children(&dir).await {
-            Ok(c) => c,
-            Err(zk::Error::NoNode) => Vec::new(),
-            Err(e) => return Err(self.err(e)),
-        };
+        let mut children = self.children(&dir).await?;
         let ready = children.iter().any(|c| c == READY);
         // Curator's view: every child but `ready`, sorted by name.
         children.retain(|c| c != READY);
@@ -157,34 +153,35 @@ impl ZkShared {
         )))
     }
 
-    async fn ready_is_stale(&self, name: &LockName) -> Result<bool> {
+    async fn ready_is_stale(&self, name: &LockName, members: &[String]) -> Result<bool> {
         let dir = Self::path_of(name)?;
         let z = self.client();
-        let children = match z.list_children(&dir).await {
-            Ok(c) => c,
-            Err(zk::Error::NoNode) => return Ok(false),
-            Err(e) => return Err(self.err(e)),
+        // Every stat in one round trip (the client pipelines them), `ready`
+        // first.
+        let stats = std::iter::once(READY)
+            .chain(members.iter().map(String::as_str))
+            .map(|c| {
+                let (z, path) = (z.clone(), format!("{dir}/{c}"));
+                async move { z.check_stat(&path).await }
+            });
+        let mut stats = futures_util::future::join_all(stats).await.into_iter();
+        let ready = match stats.next() {
+            Some(stat) => stat.map_err(|e| self.err(e))?,
+            None => None,
         };
-        // Every stat in one round trip (the client pipelines them).
-        let stats = children.iter().map(|c| {
-            let (z, path) = (z.clone(), format!("{dir}/{c}"));
-            async move { z.check_stat(&path).await }
-        });
-        let stats = futures_util::future::join_all(stats).await;
-        let mut ready = None;
-        let mut members = Vec::new();
-        for (c, stat) in children.iter().zip(stats) {
-            let stat = stat.map_err(|e| self.err(e))?;
-            match (c == READY, stat) {
-                (true, Some(s)) => ready = Some(s.czxid),
-                (false, Some(s)) => members.push(s.czxid),
-                (_, None) => {}
-            }
-        }
         let Some(ready) = ready else {
             return Ok(false);
         };
-        Ok(members.iter().all(|&m| m > ready))
+        for stat in stats {
+            // A member gone since the listing is not in.
+            if stat
+                .map_err(|e| self.err(e))?
+                .is_some_and(|s| s.czxid < ready.czxid)
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     async fn watch_member(&self, name: &LockName, member: &str) -> Result<bool> {
@@ -226,8 +223,8 @@ impl BarrierLayout for ZkBackend {
         Box::pin(self.inner.watch_member(name, member))
     }
 
-    fn ready_is_stale<'a>(&'a self, name: &'a LockName) -> Reply<'a, bool> {
-        Box::pin(self.inner.ready_is_stale(name))
+    fn ready_is_stale<'a>(&'a self, name: &'a LockName, members: &'a [String]) -> Reply<'a, bool> {
+        Box::pin(self.inner.ready_is_stale(name, members))
     }
 
     fn member_of(&self, hold: &HoldRef) -> Option<String> {

@@ -58,16 +58,16 @@ fn encode_count(name: &LockName, value: &[u8], width: u64) -> Result<Vec<u8>> {
                 String::from_utf8_lossy(value)
             ))
         })?;
-    if width == 1 {
-        let n = i32::try_from(n).map_err(|_| {
-            Error::invalid(format!(
-                "counter {:?} is kept in 4 bytes on ZooKeeper (a SharedCount's layout); {n} \
-                 does not fit, so nothing was written",
-                name.as_str()
-            ))
-        })?;
+    if width != 1 {
         return Ok(n.to_be_bytes().to_vec());
     }
+    let n = i32::try_from(n).map_err(|_| {
+        Error::invalid(format!(
+            "counter {:?} is kept in 4 bytes on ZooKeeper (a SharedCount's layout); {n} \
+             does not fit, so nothing was written",
+            name.as_str()
+        ))
+    })?;
     Ok(n.to_be_bytes().to_vec())
 }
 
@@ -79,19 +79,6 @@ fn count_value(name: &LockName, raw: &[u8], stat: &zk::Stat) -> Result<RegisterV
 }
 
 impl ZkShared {
-    /// The data and stat of the node at `path`, read after a sync through
-    /// the leader (see `meta_get`); `None` when there is no such node.
-    async fn synced_get(&self, path: &str) -> Result<Option<(Vec<u8>, zk::Stat)>> {
-        let z = self.client();
-        let (synced, got) = tokio::join!(z.sync("/"), z.get_data(path));
-        synced.map_err(|e| self.err(e))?;
-        match got {
-            Ok(got) => Ok(Some(got)),
-            Err(zk::Error::NoNode) => Ok(None),
-            Err(e) => Err(self.err(e)),
-        }
-    }
-
     async fn node_read(&self, name: &LockName, codec: Codec) -> Result<RegisterValue> {
         let path = Self::path_of(name)?;
         let Some((raw, stat)) = self.synced_get(&path).await? else {
@@ -220,11 +207,10 @@ impl NodeLayout for ZkBackend {
 impl ZkShared {
     /// The first node of election `name` (the leader's), if any.
     async fn leader_node(&self, dir: &str) -> Result<Option<String>> {
-        match self.client().list_children(dir).await {
-            Ok(c) => Ok(queue(c).into_iter().next().map(|(c, _)| c)),
-            Err(zk::Error::NoNode) => Ok(None),
-            Err(e) => Err(self.err(e)),
-        }
+        Ok(queue(self.children(dir).await?)
+            .into_iter()
+            .next()
+            .map(|(c, _)| c))
     }
 
     async fn proclaim(&self, hold: &HoldRef, token: u64, value: &[u8]) -> Result<bool> {

@@ -78,6 +78,7 @@ impl ZkShared {
         if unpoisoned(&own.child).is_none() && own.create_sent.load(Ordering::Acquire) {
             self.adopt_leases(&z, &lease_dir, &own).await?;
         }
+        let mut listed = None;
         if unpoisoned(&own.child).is_none() {
             if let Some(waiting) = self.at_gate(&z, &gate_dir, &own, req).await? {
                 if req.will_wait {
@@ -89,13 +90,13 @@ impl ZkShared {
                     return Ok(busy);
                 }
             }
-            self.create_leases(&z, &lease_dir, &own, req, take, max)
+            listed = self
+                .create_leases(&z, &lease_dir, &own, req, take, max)
                 .await?;
         }
-        let children = match z.list_children(&lease_dir).await {
-            Ok(c) => c,
-            Err(zk::Error::NoNode) => Vec::new(),
-            Err(e) => return Err(self.err(e)),
+        let children = match listed {
+            Some(c) => c,
+            None => self.children(&lease_dir).await?,
         };
         let q = leases(children, max);
         let mine = unpoisoned(&own.child).clone().unwrap_or_default();
@@ -178,11 +179,7 @@ impl ZkShared {
         };
         let children = match listed {
             Some(c) => c,
-            None => match z.list_children(gate_dir).await {
-                Ok(c) => c,
-                Err(zk::Error::NoNode) => Vec::new(),
-                Err(e) => return Err(self.err(e)),
-            },
+            None => self.children(gate_dir).await?,
         };
         let q = queue(children);
         let mine = unpoisoned(&own.gate).clone().unwrap_or_default();
@@ -198,7 +195,6 @@ impl ZkShared {
         if me == 0 {
             return Ok(None);
         }
-        let ahead = q[me - 1].0.clone();
         if !req.will_wait {
             // Not first: the try decides (`try_turn`).
             return Ok(Some(Outcome::Busy(Blocked {
@@ -207,7 +203,7 @@ impl ZkShared {
             })));
         }
         let ticket = *unpoisoned(&own.czxid);
-        let path = format!("{gate_dir}/{ahead}");
+        let path = format!("{gate_dir}/{}", q[me - 1].0);
         let Some(task) = self.watch_gone(z, path, &req.name, ticket).await? else {
             return Ok(Some(Outcome::Busy(Blocked {
                 ticket: Some(ticket),
@@ -290,7 +286,9 @@ impl ZkShared {
 
     /// Creates `own`'s leases: one more for each further permit it takes
     /// (those an earlier try made, adopted, count), then the hold's own,
-    /// last, so that a hold is never granted short of a lease.
+    /// last, so that a hold is never granted short of a lease; the leases
+    /// listed in the same round trip as the last create (see
+    /// `create_listed`), unless it needed another try.
     async fn create_leases(
         &self,
         z: &zk::Client,
@@ -299,7 +297,7 @@ impl ZkShared {
         req: &Attempt,
         take: u32,
         max: u32,
-    ) -> Result<()> {
+    ) -> Result<Option<Vec<String>>> {
         own.create_sent.store(true, Ordering::Release);
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let data = req.holder.as_bytes();
@@ -319,24 +317,16 @@ impl ZkShared {
             unpoisoned(&own.extra).push(format!("{LEASES}/{child}"));
         }
         let first = format!("{}{}", own.protect, marker(req.mode, req.kind));
-        let prefix = format!("{lease_dir}/{first}");
-        let sent = z.create(&prefix, data, &opts).await;
-        let (child, czxid) = self
-            .create(z, lease_dir, (&prefix, data), &opts, &first, sent)
-            .await?;
+        let ((child, czxid), listed) = self.create_listed(z, lease_dir, &first, req).await?;
         *unpoisoned(&own.czxid) = czxid;
         *unpoisoned(&own.child) = Some(format!("{LEASES}/{child}"));
-        Ok(())
+        Ok(listed)
     }
 
     /// Finds `own`'s leases after a create whose answer was lost.
     async fn adopt_leases(&self, z: &zk::Client, lease_dir: &str, own: &OwnNode) -> Result<()> {
-        let children = match z.list_children(lease_dir).await {
-            Ok(c) => c,
-            Err(zk::Error::NoNode) => return Ok(()),
-            Err(e) => return Err(self.err(e)),
-        };
         let mut extra = Vec::new();
+        let children = self.children(lease_dir).await?;
         for c in children.into_iter().filter(|c| c.starts_with(&own.protect)) {
             let main = matches!(mode_of(&c), Some(Mode::Permits { take, .. }) if take > 0);
             if !main {

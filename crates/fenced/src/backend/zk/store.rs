@@ -22,20 +22,26 @@ impl ZkShared {
         name: &LockName,
     ) -> Result<Option<(Vec<u8>, u64, i32)>> {
         let path = format!("{dir}/{}", name.as_str());
-        // A server answers reads from its own copy, which may lag the
-        // leader: a client would not see another's write that had been
-        // answered (a counter's compare-and-set refusing the value just
-        // written elsewhere). A sync through the leader first, sent ahead
-        // of the read on the same session (so no extra round trip to this
-        // server), makes the read see every write answered before it.
+        let Some((raw, stat)) = self.synced_get(&path).await? else {
+            return Ok(None);
+        };
+        let (value, fence) = decode_register(name, &raw)?;
+        Ok(Some((value, fence, stat.version)))
+    }
+
+    /// The data and stat of the node at `path`; `None` when there is no
+    /// such node. A server answers reads from its own copy, which may lag
+    /// the leader: a client would not see another's write that had been
+    /// answered (a counter's compare-and-set refusing the value just
+    /// written elsewhere). A sync through the leader first, sent ahead of
+    /// the read on the same session (so no extra round trip to this
+    /// server), makes the read see every write answered before it.
+    pub(super) async fn synced_get(&self, path: &str) -> Result<Option<(Vec<u8>, zk::Stat)>> {
         let z = self.client();
-        let (synced, got) = tokio::join!(z.sync("/"), z.get_data(&path));
+        let (synced, got) = tokio::join!(z.sync("/"), z.get_data(path));
         synced.map_err(|e| self.err(e))?;
         match got {
-            Ok((raw, stat)) => {
-                let (value, fence) = decode_register(name, &raw)?;
-                Ok(Some((value, fence, stat.version)))
-            }
+            Ok(got) => Ok(Some(got)),
             Err(zk::Error::NoNode) => Ok(None),
             Err(e) => Err(self.err(e)),
         }
