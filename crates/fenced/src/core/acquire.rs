@@ -73,7 +73,12 @@ impl Drop for Cleanup<'_> {
 /// One try of `attempt`, in a task of its own (see [`InFlight`]), tried
 /// again on transient errors under `policy` but never past `deadline`;
 /// a try with no answer within `limit` is given up (it goes on, and the
-/// cleanup waits for it if the caller goes away).
+/// cleanup waits for it if the caller goes away). With the outcome, when
+/// the first try went out: a grant's lease counts from then, since a later
+/// try may find the grant of an earlier one whose reply was lost. The
+/// wait for a call slot comes before it: a request not yet sent cannot
+/// have been granted, and counting that wait (a thousand waiters of one
+/// client queue for the slots) gave grants that arrived spent.
 async fn attempt_with_retry(
     policy: &RetryPolicy,
     deadline: Option<Instant>,
@@ -81,8 +86,9 @@ async fn attempt_with_retry(
     backend: &Arc<dyn Backend>,
     attempt: &Attempt,
     cleanup: &mut Cleanup<'_>,
-) -> Result<Outcome> {
+) -> Result<(Outcome, Instant)> {
     let started = Instant::now();
+    let mut first_sent = None;
     let (mut retry, mut quick) = (0, 0);
     // A caller with a deadline hears back within a request timeout of it,
     // whatever the server does.
@@ -116,6 +122,7 @@ async fn attempt_with_retry(
             // Armed as the try goes out, not before: a caller that went
             // away while it waited for a slot left no trace on the server.
             cleanup.attempt = Some(attempt.clone());
+            first_sent.get_or_insert_with(Instant::now);
             let (b, a) = (backend.clone(), attempt.clone());
             cleanup.in_flight.push(tokio::spawn(async move {
                 let _slot = slot;
@@ -150,7 +157,7 @@ async fn attempt_with_retry(
             cleanup.doubtful = true;
         }
         match result {
-            Ok(outcome) => return Ok(outcome),
+            Ok(outcome) => return Ok((outcome, first_sent.unwrap_or(started))),
             // A connection that broke (a pooled one the server closed, a
             // reset) is tried again at once on a fresh one, even by a try
             // whose deadline is now: the attempt is idempotent by hold id,
@@ -302,12 +309,10 @@ async fn run_inner(
             return Ok(Some(hold));
         }
         let seen = interest.as_ref().map(|i| i.begin());
-        // The lease counts from here: a retry that finds the grant of an
-        // earlier try whose reply was lost gets that grant, whose lease
-        // began then.
-        let sent = Instant::now();
         attempt.holder = inner.whoami.record();
-        let outcome = match attempt_with_retry(
+        // The lease counts from when the first try went out (see
+        // `attempt_with_retry`).
+        let (outcome, sent) = match attempt_with_retry(
             req.retry,
             deadline,
             timeout,

@@ -866,3 +866,55 @@ fn replay() {
         );
     }
 }
+
+/// Hundreds of one client's tasks wait for one lock on a server that
+/// takes about 100 ms a call: the client's call slots (`MAX_CALLS`) queue
+/// their tries, and a woken head waits behind the others' first tries. Its
+/// lease must count from when its try went out, not from before it waited
+/// for a slot: counted from before, the grant came back spent, was given
+/// back, and its waiter queued again at the end, over and over (found on
+/// a ZooKeeper ensemble, where a thousand waiters stalled for minutes).
+/// Every grant is used: the server sees one release per hold.
+#[test]
+fn a_try_waiting_for_a_call_slot_does_not_spend_its_lease() {
+    const WAITERS: usize = 600;
+    let lease = Duration::from_millis(250);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let world = World::new(1, Keeping::Lease, 1, Log::new()).expect("the server");
+        unpoisoned_faults(&world).jitter = Duration::from_millis(100);
+        let wakeups = Arc::new(Wakeups::default());
+        let backend = world.connect(0, wakeups.clone()).expect("a client");
+        let client = Client::with_backend(backend, wakeups, "sim://0".into());
+        let lock = || client.mutex("slots").expect("a mutex").fixed_lease(lease);
+        let first = lock().acquire().await.expect("the first hold");
+        let tasks: Vec<_> = (0..WAITERS)
+            .map(|_| {
+                let lock = lock();
+                tokio::spawn(async move {
+                    let g = lock.acquire().await.expect("granted");
+                    g.release().await.expect("released");
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert!(first.release().await.expect("released"));
+        for t in tasks {
+            t.await.expect("a waiter");
+        }
+        client.close().await;
+        assert_eq!(
+            world.released.load(std::sync::atomic::Ordering::Relaxed),
+            WAITERS as u64 + 1,
+            "grants came back spent and were given back unused"
+        );
+    });
+}
+
+fn unpoisoned_faults(world: &World) -> std::sync::MutexGuard<'_, world::Faults> {
+    crate::spi::sync::unpoisoned(&world.faults)
+}

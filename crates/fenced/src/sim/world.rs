@@ -89,6 +89,8 @@ pub(super) struct World {
     sessions: Mutex<(u64, BTreeMap<u64, ServerSession>)>,
     /// Rung when every fault heals, for the requests a pause holds.
     healed: tokio::sync::Notify,
+    /// Releases that reached the server and freed a hold (lease keeping).
+    pub(super) released: AtomicU64,
     log: Arc<super::check::Log>,
 }
 
@@ -113,6 +115,7 @@ impl World {
             }),
             sessions: Mutex::new((0, BTreeMap::new())),
             healed: tokio::sync::Notify::new(),
+            released: AtomicU64::new(0),
             log,
         }))
     }
@@ -542,7 +545,13 @@ impl LockBackend for SimBackend {
     fn release<'a>(&'a self, hold: &'a HoldRef) -> Reply<'a, bool> {
         let hold = hold.clone();
         if self.session.is_none() {
-            return self.send(move |w| async move { w.server.release(&hold).await });
+            return self.send(move |w| async move {
+                let freed = w.server.release(&hold).await;
+                if matches!(freed, Ok(true)) {
+                    w.released.fetch_add(1, Ordering::Relaxed);
+                }
+                freed
+            });
         }
         self.send(move |w| async move { Ok(w.end_everywhere(&hold.hold_id).await) })
     }
