@@ -20,16 +20,37 @@ impl ZkShared {
             self.adopt_protected(&z, &dir, &own).await?;
         }
         let queued_before = unpoisoned(&own.child).is_some();
+        // A mutex waiter queueing behind this client's own waiters (a
+        // burst of its tasks on one lock) most likely comes right after
+        // one of them: it creates its node alone and, if so, waits on
+        // that one without listing the queue. A thousand such waiters
+        // otherwise listed up to a thousand nodes each at once, and the
+        // server, busy with the answers, fell silent long enough for the
+        // client to drop the connection and for its session to go
+        // unconfirmed.
+        let behind_own = !queued_before
+            && req.will_wait
+            && req.mode == Mode::Exclusive
+            && req.kind == Kind::Lock
+            && self.queues_on(&req.name);
         let listed = if !queued_before {
-            self.create_and_list(&z, &dir, &own, req).await?
+            self.create_and_list(&z, &dir, &own, req, !behind_own)
+                .await?
         } else {
             None
         };
         let mine = unpoisoned(&own.child).clone().unwrap_or_default();
+        if behind_own && let Some(before) = self.own_predecessor(&req.name, &mine, &req.owner_key) {
+            let token = *unpoisoned(&own.czxid);
+            return self
+                .wait_on(req, &own, &z, &dir, Wait::Key(before.into_bytes()), token)
+                .await;
+        }
         let children = match listed {
             Some(c) => c,
             None => self.children(&dir).await?,
         };
+        let children = self.without_strays(&z, &dir, &own, &mine, children);
         let q = queue(children);
         let Some(me) = q.iter().position(|(c, _)| *c == mine) else {
             // Our node is gone (the session ended, or it was deleted):
@@ -73,43 +94,55 @@ impl ZkShared {
                     session: Some(self.clock.bound_of(own.session)),
                 })
             }
-            w => {
-                if let Some(o) = crate::backend::queue::unwaited(&**self, req, &w).await {
-                    return Ok(o);
-                }
-                let wakeups = self.wakeups.clone();
-                let name = req.name.clone();
-                let task = match w {
-                    Wait::Key(k) => {
-                        let path = format!("{dir}/{}", String::from_utf8_lossy(&k));
-                        match self.watch_gone(&z, path, &req.name, token).await? {
-                            Some(task) => task,
-                            // Gone already: look again at once.
-                            None => {
-                                return Ok(Outcome::Busy(Blocked {
-                                    ticket: Some(token),
-                                    retry_after: Some(Duration::ZERO),
-                                }));
-                            }
-                        }
-                    }
-                    _ => match z.list_and_watch_children(&dir).await {
-                        Ok((_, watcher)) => tokio::spawn(async move {
-                            watcher.changed().await;
-                            wakeups.wake_ticket(name.as_str(), token);
-                        }),
-                        Err(e) => return Err(self.err(e)),
-                    },
-                };
-                if let Some(old) = unpoisoned(&own.watcher).replace(task) {
-                    old.abort();
-                }
-                Ok(Outcome::Busy(Blocked {
-                    ticket: Some(token),
-                    retry_after: None,
-                }))
-            }
+            w => self.wait_on(req, &own, &z, &dir, w, token).await,
         }
+    }
+
+    /// The attempt's answer when `own`'s node waits as `w` says: a watch
+    /// on what it waits for, which wakes the waiter with `token`.
+    async fn wait_on(
+        self: &Arc<Self>,
+        req: &Attempt,
+        own: &OwnNode,
+        z: &zk::Client,
+        dir: &str,
+        w: Wait,
+        token: i64,
+    ) -> Result<Outcome> {
+        if let Some(o) = crate::backend::queue::unwaited(&**self, req, &w).await {
+            return Ok(o);
+        }
+        let wakeups = self.wakeups.clone();
+        let name = req.name.clone();
+        let task = match w {
+            Wait::Key(k) => {
+                let path = format!("{dir}/{}", String::from_utf8_lossy(&k));
+                match self.watch_gone(z, path, &req.name, token).await? {
+                    Some(task) => task,
+                    // Gone already: look again at once.
+                    None => {
+                        return Ok(Outcome::Busy(Blocked {
+                            ticket: Some(token),
+                            retry_after: Some(Duration::ZERO),
+                        }));
+                    }
+                }
+            }
+            _ => match z.list_and_watch_children(dir).await {
+                Ok((_, watcher)) => tokio::spawn(async move {
+                    watcher.changed().await;
+                    wakeups.wake_ticket(name.as_str(), token);
+                }),
+                Err(e) => return Err(self.err(e)),
+            },
+        };
+        if let Some(old) = unpoisoned(&own.watcher).replace(task) {
+            old.abort();
+        }
+        Ok(Outcome::Busy(Blocked {
+            ticket: Some(token),
+            retry_after: None,
+        }))
     }
 
     /// Watches the node at `path` (the one a waiter waits behind) with
@@ -232,6 +265,14 @@ impl ZkShared {
                     tracing::warn!(lock = %own.name.as_str(), error = %e, "could not record the last token");
                 }
             }
+        }
+        if own.create_lost.load(Ordering::Acquire)
+            && !own.semaphore
+            && !own.member
+            && own.session == self.session()
+        {
+            let dir = Self::path_of(&own.name)?;
+            self.delete_strays(&self.client(), &dir, &own).await;
         }
         unpoisoned(&self.nodes).remove(hold_id);
         unpoisoned(&own.deadline).take();

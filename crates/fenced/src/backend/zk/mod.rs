@@ -162,6 +162,10 @@ struct OwnNode {
     /// `child` does not name yet (the reply was lost, or its future was
     /// dropped), found again by its protected id.
     create_sent: AtomicBool,
+    /// A create of its node lost its reply: the create may land late, after
+    /// a look that did not find it and a second create, and leave a stray
+    /// node of its protected id (see `ZkShared::delete_strays`).
+    create_lost: AtomicBool,
     /// A later hold of this client on the same name was granted while
     /// this one held exclusively (one owner taking read beside its
     /// write): its token is higher, so this release must not overwrite

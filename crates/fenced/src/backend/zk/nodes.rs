@@ -41,6 +41,85 @@ impl ZkShared {
         Ok(())
     }
 
+    /// `children` of `dir` without the strays of `own` (nodes of its
+    /// protected id but `mine`, left by a create whose reply was lost and
+    /// which landed after the look for it), which are deleted in the
+    /// background: each would head the queue, owned by nobody, until the
+    /// session ends.
+    pub(super) fn without_strays(
+        &self,
+        z: &zk::Client,
+        dir: &str,
+        own: &OwnNode,
+        mine: &str,
+        mut children: Vec<String>,
+    ) -> Vec<String> {
+        if !own.create_lost.load(Ordering::Acquire) {
+            return children;
+        }
+        let (strays, kept): (Vec<String>, Vec<String>) = children
+            .drain(..)
+            .partition(|c| c.starts_with(&own.protect) && c != mine);
+        for stray in strays {
+            tracing::debug!(node = %stray, "deleting a stray node of a create whose reply was lost");
+            let (z, path, limit) = (z.clone(), format!("{dir}/{stray}"), self.timeout);
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(limit, z.delete(&path, None)).await;
+            });
+        }
+        kept
+    }
+
+    /// Deletes every node of `own`'s protected id in `dir` (after a
+    /// `sync`, so that a create that reached the leader shows), once its
+    /// own is gone: a create whose reply was lost may have landed late.
+    pub(super) async fn delete_strays(&self, z: &zk::Client, dir: &str, own: &OwnNode) {
+        let _ = z.sync(dir).await;
+        let Ok(children) = z.list_children(dir).await else {
+            return;
+        };
+        for stray in children.iter().filter(|c| c.starts_with(&own.protect)) {
+            tracing::debug!(node = %stray, "deleting a stray node of a create whose reply was lost");
+            let _ = z.delete(&format!("{dir}/{stray}"), None).await;
+        }
+    }
+
+    /// Whether this client has, on `name` in this session, a node queued
+    /// or held in the lock's own queue (not a semaphore's, not a barrier
+    /// member's): a new waiter's node will most likely come right after
+    /// one of them.
+    pub(super) fn queues_on(&self, name: &LockName) -> bool {
+        let session = self.session();
+        unpoisoned(&self.nodes).values().any(|o| {
+            o.name == *name
+                && o.session == session
+                && !o.semaphore
+                && !o.member
+                && unpoisoned(&o.child).is_some()
+        })
+    }
+
+    /// The node of this client right before `mine` in `name`'s queue, by
+    /// sequence (`mine`'s less one: no node can come between), if it is
+    /// one of this session's and another owner's than `owner`: the node an
+    /// exclusive request waits on, known without listing the queue.
+    pub(super) fn own_predecessor(
+        &self,
+        name: &LockName,
+        mine: &str,
+        owner: &str,
+    ) -> Option<String> {
+        let before = sequence_of(mine).checked_sub(1)?;
+        let session = self.session();
+        let nodes = unpoisoned(&self.nodes);
+        let (o, child) = nodes.values().find_map(|o| {
+            let lock_queue = o.name == *name && o.session == session && !o.semaphore && !o.member;
+            let child = unpoisoned(&o.child).clone().filter(|_| lock_queue)?;
+            (sequence_of(&child) == before).then_some((o, child))
+        })?;
+        (o.owner != owner).then_some(child)
+    }
+
     pub(super) fn owner_of(&self, name: &LockName, child: &str) -> Option<String> {
         unpoisoned(&self.nodes)
             .values()
@@ -55,22 +134,43 @@ impl ZkShared {
     /// Curator's recipe waits for the create before it lists. The listing is
     /// `None` when the create needed another try (then list again). The
     /// node is `own`'s child from then on.
+    ///
+    /// Without `list`, the create goes alone and the listing is `None`.
     pub(super) async fn create_and_list(
         &self,
         z: &zk::Client,
         dir: &str,
         own: &OwnNode,
         req: &Attempt,
+        list: bool,
     ) -> Result<Option<Vec<String>>> {
-        own.create_sent.store(true, Ordering::Release);
-        let (created, listed) = self
-            .create_listed(
-                z,
-                dir,
-                &format!("{}{}", own.protect, marker(req.mode, req.kind)),
-                req,
-            )
-            .await?;
+        if own.create_sent.swap(true, Ordering::AcqRel) {
+            // An earlier create went out and no look found its node: it
+            // may still land beside this one.
+            own.create_lost.store(true, Ordering::Release);
+        }
+        let name = format!("{}{}", own.protect, marker(req.mode, req.kind));
+        let (created, listed) = if list {
+            self.create_listed(z, dir, &name, req, &own.create_lost)
+                .await?
+        } else {
+            let prefix = format!("{dir}/{name}");
+            let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+            let data = req.holder.as_bytes();
+            let first = z.create(&prefix, data, &opts).await;
+            let node = self
+                .create(
+                    z,
+                    dir,
+                    (&prefix, data),
+                    &opts,
+                    &name,
+                    first,
+                    &own.create_lost,
+                )
+                .await?;
+            (node, None)
+        };
         *unpoisoned(&own.child) = Some(created.0);
         *unpoisoned(&own.czxid) = created.1;
         Ok(listed)
@@ -87,6 +187,7 @@ impl ZkShared {
         dir: &str,
         name: &str,
         req: &Attempt,
+        lost: &AtomicBool,
     ) -> Result<((String, i64), Option<Vec<String>>)> {
         let prefix = format!("{dir}/{name}");
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
@@ -98,7 +199,7 @@ impl ZkShared {
         let (created, listed) = tokio::join!(created, listed);
         let first_went_through = created.is_ok();
         let node = self
-            .create(z, dir, (&prefix, data), &opts, name, created)
+            .create(z, dir, (&prefix, data), &opts, name, created, lost)
             .await?;
         Ok((node, listed.ok().filter(|_| first_went_through)))
     }
@@ -116,6 +217,7 @@ impl ZkShared {
         opts: &zk::CreateOptions<'_>,
         protect: &str,
         first: std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>,
+        lost: &AtomicBool,
     ) -> Result<(String, i64)> {
         let mut first = Some(first);
         for _ in 0..10 {
@@ -135,7 +237,14 @@ impl ZkShared {
                     // for our id among the children. A look that fails
                     // says nothing: fail rather than create a second
                     // node, and the next try or the withdrawal looks again
-                    // (the caller marked the create as sent).
+                    // (the caller marked the create as sent). The look
+                    // follows a `sync`, so that it sees a create that
+                    // reached the leader through the server we lost; one
+                    // still on its way there can land after the look, so
+                    // the caller learns the reply was lost, and deletes
+                    // such a stray when it finds one.
+                    lost.store(true, Ordering::Release);
+                    let _ = z.sync(dir).await;
                     if let Some(found) = self.find_protected(z, dir, protect).await? {
                         return Ok(found);
                     }

@@ -170,7 +170,9 @@ impl ZkShared {
         let listed = if unpoisoned(&own.gate).is_none() {
             own.gate_sent.store(true, Ordering::Release);
             let name = format!("{}lock-", own.protect);
-            let ((child, czxid), listed) = self.create_listed(z, gate_dir, &name, req).await?;
+            let ((child, czxid), listed) = self
+                .create_listed(z, gate_dir, &name, req, &own.create_lost)
+                .await?;
             *unpoisoned(&own.czxid) = czxid;
             *unpoisoned(&own.gate) = Some(child);
             listed
@@ -312,12 +314,22 @@ impl ZkShared {
             let prefix = format!("{lease_dir}/{name}");
             let sent = z.create(&prefix, data, &opts).await;
             let (child, _) = self
-                .create(z, lease_dir, (&prefix, data), &opts, &name, sent)
+                .create(
+                    z,
+                    lease_dir,
+                    (&prefix, data),
+                    &opts,
+                    &name,
+                    sent,
+                    &own.create_lost,
+                )
                 .await?;
             unpoisoned(&own.extra).push(format!("{LEASES}/{child}"));
         }
         let first = format!("{}{}", own.protect, marker(req.mode, req.kind));
-        let ((child, czxid), listed) = self.create_listed(z, lease_dir, &first, req).await?;
+        let ((child, czxid), listed) = self
+            .create_listed(z, lease_dir, &first, req, &own.create_lost)
+            .await?;
         *unpoisoned(&own.czxid) = czxid;
         *unpoisoned(&own.child) = Some(format!("{LEASES}/{child}"));
         Ok(listed)

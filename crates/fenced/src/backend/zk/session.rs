@@ -181,6 +181,7 @@ impl ZkShared {
             deadline: Mutex::new(None),
             watcher: Mutex::new(None),
             create_sent: AtomicBool::new(false),
+            create_lost: AtomicBool::new(false),
             later_sibling: AtomicBool::new(false),
             born: Instant::now(),
         });
