@@ -27,8 +27,10 @@ impl ZkShared {
         // otherwise listed up to a thousand nodes each at once, and the
         // server, busy with the answers, fell silent long enough for the
         // client to drop the connection and for its session to go
-        // unconfirmed.
+        // unconfirmed. Not after a create that lost its reply: that node
+        // may yet land ahead, and only a listing finds it.
         let behind_own = !queued_before
+            && !own.create_sent.load(Ordering::Acquire)
             && req.will_wait
             && req.mode == Mode::Exclusive
             && req.kind == Kind::Lock
@@ -40,7 +42,10 @@ impl ZkShared {
             None
         };
         let mine = unpoisoned(&own.child).clone().unwrap_or_default();
-        if behind_own && let Some(before) = self.own_predecessor(&req.name, &mine, &req.owner_key) {
+        if behind_own
+            && !own.create_lost.load(Ordering::Acquire)
+            && let Some(before) = self.own_predecessor(&req.name, &mine, &req.owner_key)
+        {
             let token = *unpoisoned(&own.czxid);
             return self
                 .wait_on(req, &own, &z, &dir, Wait::Key(before.into_bytes()), token)
@@ -50,11 +55,20 @@ impl ZkShared {
             Some(c) => c,
             None => self.children(&dir).await?,
         };
-        let children = self.without_strays(&z, &dir, &own, &mine, children);
+        let children = self.without_strays(&z, &dir, &req.name, children);
         let q = queue(children);
         let Some(me) = q.iter().position(|(c, _)| *c == mine) else {
             // Our node is gone (the session ended, or it was deleted):
-            // never act on a queue we are not in.
+            // never act on a queue we are not in. A stray of its protected
+            // id, if its create lost a reply, goes too.
+            if own.create_lost.load(Ordering::Acquire) && own.session == self.session() {
+                let (me, dir, own) = (self.clone(), dir.clone(), own.clone());
+                tokio::spawn(async move {
+                    let z = me.client();
+                    let _ =
+                        tokio::time::timeout(me.timeout, me.delete_strays(&z, &dir, &own)).await;
+                });
+            }
             unpoisoned(&self.nodes).remove(&req.hold_id);
             return Ok(Outcome::Busy(Blocked {
                 ticket: None,

@@ -34,6 +34,9 @@ impl ZkShared {
         dir: &str,
         own: &OwnNode,
     ) -> Result<()> {
+        // As after a lost reply in `create`: a create that reached the
+        // leader through a server we lost shows after a sync.
+        let _ = z.sync(dir).await;
         if let Some((child, czxid)) = self.find_protected(z, dir, &own.protect).await? {
             *unpoisoned(&own.czxid) = czxid;
             *unpoisoned(&own.child) = Some(child);
@@ -41,25 +44,39 @@ impl ZkShared {
         Ok(())
     }
 
-    /// `children` of `dir` without the strays of `own` (nodes of its
-    /// protected id but `mine`, left by a create whose reply was lost and
-    /// which landed after the look for it), which are deleted in the
-    /// background: each would head the queue, owned by nobody, until the
-    /// session ends.
+    /// `children` of `name`'s directory `dir` without the strays of this
+    /// client's nodes there (a node of a protected id whose create lost
+    /// its reply, but not the node that id's record names: that create
+    /// landed after the look for it, beside the second), which are
+    /// deleted in the background. Each would head the queue, owned by
+    /// nobody, until the session ends; any waiter's listing finds it,
+    /// and this client's leading waiter lists at least every fallback
+    /// period.
     pub(super) fn without_strays(
         &self,
         z: &zk::Client,
         dir: &str,
-        own: &OwnNode,
-        mine: &str,
+        name: &LockName,
         mut children: Vec<String>,
     ) -> Vec<String> {
-        if !own.create_lost.load(Ordering::Acquire) {
+        let doubtful: Vec<(String, Option<String>)> = unpoisoned(&self.nodes)
+            .values()
+            .filter(|o| {
+                o.name == *name
+                    && !o.semaphore
+                    && !o.member
+                    && o.create_lost.load(Ordering::Acquire)
+            })
+            .map(|o| (o.protect.clone(), unpoisoned(&o.child).clone()))
+            .collect();
+        if doubtful.is_empty() {
             return children;
         }
-        let (strays, kept): (Vec<String>, Vec<String>) = children
-            .drain(..)
-            .partition(|c| c.starts_with(&own.protect) && c != mine);
+        let (strays, kept): (Vec<String>, Vec<String>) = children.drain(..).partition(|c| {
+            doubtful.iter().any(|(protect, child)| {
+                c.starts_with(protect.as_str()) && child.as_ref() != Some(c)
+            })
+        });
         for stray in strays {
             tracing::debug!(node = %stray, "deleting a stray node of a create whose reply was lost");
             let (z, path, limit) = (z.clone(), format!("{dir}/{stray}"), self.timeout);
@@ -164,9 +181,8 @@ impl ZkShared {
                     dir,
                     (&prefix, data),
                     &opts,
-                    &name,
+                    (&name, &own.create_lost),
                     first,
-                    &own.create_lost,
                 )
                 .await?;
             (node, None)
@@ -199,7 +215,7 @@ impl ZkShared {
         let (created, listed) = tokio::join!(created, listed);
         let first_went_through = created.is_ok();
         let node = self
-            .create(z, dir, (&prefix, data), &opts, name, created, lost)
+            .create(z, dir, (&prefix, data), &opts, (name, lost), created)
             .await?;
         Ok((node, listed.ok().filter(|_| first_went_through)))
     }
@@ -207,17 +223,16 @@ impl ZkShared {
     /// Creates a child of `dir` as `prefix` with `data` (and `dir` and
     /// its parents as containers where missing), finding it again by its
     /// protected id `protect` (the child's name up to its sequence) if a
-    /// reply was lost; `first` is the reply to the create already sent.
-    /// The child and its czxid.
+    /// reply was lost (and then setting `lost`); `first` is the reply to
+    /// the create already sent. The child and its czxid.
     pub(super) async fn create(
         &self,
         z: &zk::Client,
         dir: &str,
         (prefix, data): (&str, &[u8]),
         opts: &zk::CreateOptions<'_>,
-        protect: &str,
+        (protect, lost): (&str, &AtomicBool),
         first: std::result::Result<(zk::Stat, zk::CreateSequence), zk::Error>,
-        lost: &AtomicBool,
     ) -> Result<(String, i64)> {
         let mut first = Some(first);
         for _ in 0..10 {

@@ -319,9 +319,8 @@ impl ZkShared {
                     lease_dir,
                     (&prefix, data),
                     &opts,
-                    &name,
+                    (&name, &own.create_lost),
                     sent,
-                    &own.create_lost,
                 )
                 .await?;
             unpoisoned(&own.extra).push(format!("{LEASES}/{child}"));
