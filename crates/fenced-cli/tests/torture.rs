@@ -205,8 +205,19 @@ fn torture(topology: Topology) {
     let (strict, loose): (Vec<Fault>, Vec<Fault>) =
         topology.faults().into_iter().partition(all_must);
     let r = run(topology, &strict);
-    assert_eq!(r["findings"]["overlaps"], 0, "{r}");
-    assert_eq!(r["findings"]["lost_updates"], 0, "{r}");
+    let f = &r["findings"];
+    let n = |k: &str| f[k].as_i64().unwrap_or_else(|| panic!("no {k} in {r}"));
+    assert_eq!(n("overlaps"), 0, "{r}");
+    // I2 as the checker counts it: a lost update that a write sent after
+    // its own hold's lost signal took part in is that writer's (workers
+    // write on after the signal on purpose; the library told them
+    // first), and each needs a signal that fired. Every other one is the
+    // lock's, and fails.
+    assert_eq!(n("lost_updates") - n("lost_updates_after_signal"), 0, "{r}");
+    assert!(
+        n("lost_updates_after_signal") <= n("signals_fired"),
+        "more late-write lost updates than lost signals: {r}"
+    );
     assert_refused(topology, &strict, &r);
     if loose.is_empty() {
         return;
