@@ -167,26 +167,9 @@ impl ZkShared {
             own.create_lost.store(true, Ordering::Release);
         }
         let name = format!("{}{}", own.protect, marker(req.mode, req.kind));
-        let (created, listed) = if list {
-            self.create_listed(z, dir, &name, req, &own.create_lost)
-                .await?
-        } else {
-            let prefix = format!("{dir}/{name}");
-            let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
-            let data = req.holder.as_bytes();
-            let first = z.create(&prefix, data, &opts).await;
-            let node = self
-                .create(
-                    z,
-                    dir,
-                    (&prefix, data),
-                    &opts,
-                    (&name, &own.create_lost),
-                    first,
-                )
-                .await?;
-            (node, None)
-        };
+        let (created, listed) = self
+            .create_listed(z, dir, &name, req, &own.create_lost, list)
+            .await?;
         *unpoisoned(&own.child) = Some(created.0);
         *unpoisoned(&own.czxid) = created.1;
         Ok(listed)
@@ -194,9 +177,10 @@ impl ZkShared {
 
     /// Creates an ephemeral-sequential child of `dir` named `name` then a
     /// sequence (`name` starting with a protected id), with the holder
-    /// record as its data, and lists `dir` in the same round trip (see
-    /// [`create_and_list`](Self::create_and_list)): the child and its
-    /// czxid, and the listing unless the create needed another try.
+    /// record as its data, and with `list` lists `dir` in the same round
+    /// trip (see [`create_and_list`](Self::create_and_list)): the child
+    /// and its czxid, and the listing unless the create needed another
+    /// try (or none was asked for).
     pub(super) async fn create_listed(
         &self,
         z: &zk::Client,
@@ -204,6 +188,7 @@ impl ZkShared {
         name: &str,
         req: &Attempt,
         lost: &AtomicBool,
+        list: bool,
     ) -> Result<((String, i64), Option<Vec<String>>)> {
         let prefix = format!("{dir}/{name}");
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
@@ -211,13 +196,17 @@ impl ZkShared {
         // its lock nodes' data (its own default is the client's address).
         let data = req.holder.as_bytes();
         let created = z.create(&prefix, data, &opts);
-        let listed = z.list_children(dir);
-        let (created, listed) = tokio::join!(created, listed);
+        let (created, listed) = if list {
+            let (c, l) = tokio::join!(created, z.list_children(dir));
+            (c, l.ok())
+        } else {
+            (created.await, None)
+        };
         let first_went_through = created.is_ok();
         let node = self
             .create(z, dir, (&prefix, data), &opts, (name, lost), created)
             .await?;
-        Ok((node, listed.ok().filter(|_| first_went_through)))
+        Ok((node, listed.filter(|_| first_went_through)))
     }
 
     /// Creates a child of `dir` as `prefix` with `data` (and `dir` and

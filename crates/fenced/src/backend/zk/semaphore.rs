@@ -171,7 +171,7 @@ impl ZkShared {
             own.gate_sent.store(true, Ordering::Release);
             let name = format!("{}lock-", own.protect);
             let ((child, czxid), listed) = self
-                .create_listed(z, gate_dir, &name, req, &own.create_lost)
+                .create_listed(z, gate_dir, &name, req, &own.create_lost, true)
                 .await?;
             *unpoisoned(&own.czxid) = czxid;
             *unpoisoned(&own.gate) = Some(child);
@@ -301,8 +301,6 @@ impl ZkShared {
         max: u32,
     ) -> Result<Option<Vec<String>>> {
         own.create_sent.store(true, Ordering::Release);
-        let opts = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
-        let data = req.holder.as_bytes();
         let have = unpoisoned(&own.extra).len() as u32;
         for _ in have..take.saturating_sub(1) {
             // A name of its own, found again by it alone after a lost reply.
@@ -311,23 +309,14 @@ impl ZkShared {
                 own.protect,
                 fastrand::u32(..)
             );
-            let prefix = format!("{lease_dir}/{name}");
-            let sent = z.create(&prefix, data, &opts).await;
-            let (child, _) = self
-                .create(
-                    z,
-                    lease_dir,
-                    (&prefix, data),
-                    &opts,
-                    (&name, &own.create_lost),
-                    sent,
-                )
+            let ((child, _), _) = self
+                .create_listed(z, lease_dir, &name, req, &own.create_lost, false)
                 .await?;
             unpoisoned(&own.extra).push(format!("{LEASES}/{child}"));
         }
         let first = format!("{}{}", own.protect, marker(req.mode, req.kind));
         let ((child, czxid), listed) = self
-            .create_listed(z, lease_dir, &first, req, &own.create_lost)
+            .create_listed(z, lease_dir, &first, req, &own.create_lost, true)
             .await?;
         *unpoisoned(&own.czxid) = czxid;
         *unpoisoned(&own.child) = Some(format!("{LEASES}/{child}"));
