@@ -65,40 +65,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Worker {
     #[command(hide = true)]
-    Worker {
-        lib: Lib,
-        scenario: scenarios::Multi,
-        url: String,
-        secs: u64,
-        /// This worker's number among its scenario's.
-        index: usize,
-        /// S4: the file where the holder writes its number, so that a
-        /// releaser waits for the other to take the lock before it asks
-        /// again (the two alternate, whatever the library's waiting).
-        turn: std::path::PathBuf,
-    },
+    Worker(scenarios::Job),
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    if let Some(Worker::Worker {
-        lib,
-        scenario,
-        url,
-        secs,
-        index,
-        turn,
-    }) = cli.worker
-    {
+    if let Some(Worker::Worker(job)) = cli.worker {
         let rt = tokio::runtime::Runtime::new()?;
-        let job = scenarios::Job {
-            lib,
-            scenario,
-            url,
-            secs: Duration::from_secs(secs),
-            index,
-            turn,
-        };
         return rt.block_on(scenarios::worker(job));
     }
     let libs = if cli.libs.is_empty() {

@@ -369,14 +369,20 @@ fn multi(lib: Lib, scenario: Multi, url: &str, secs: Duration) -> Result<Reports
     Ok(r)
 }
 
-/// What one worker process runs.
+/// What one worker process runs: its command line.
+#[derive(clap::Args)]
 pub(crate) struct Job {
-    pub(crate) lib: Lib,
-    pub(crate) scenario: Multi,
-    pub(crate) url: String,
-    pub(crate) secs: Duration,
-    pub(crate) index: usize,
-    pub(crate) turn: PathBuf,
+    lib: Lib,
+    scenario: Multi,
+    url: String,
+    /// How long it runs, in seconds.
+    secs: u64,
+    /// This worker's number among its scenario's.
+    index: usize,
+    /// S4: the file where the holder writes its number, so that a
+    /// releaser waits for the other to take the lock before it asks
+    /// again (the two alternate, whatever the library's waiting).
+    turn: PathBuf,
 }
 
 /// One worker: connects (and takes and gives back a lock of its own
@@ -392,6 +398,7 @@ pub(crate) async fn worker(job: Job) -> Result<()> {
         index,
         turn,
     } = job;
+    let secs = Duration::from_secs(secs);
     let locker = Locker::connect(lib, &url).await?;
     let mut counter = match scenario {
         Multi::S2 => Some(Counter::connect(lib.engine(), &url).await?),
