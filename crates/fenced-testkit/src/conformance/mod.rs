@@ -919,7 +919,7 @@ pub async fn owner_only_release(fx: &Fixture) {
     // A renewal from a holder whose hold was taken away is stale: it finds
     // the hold gone (the lost signal fires) and touches the new holder's
     // in nothing.
-    let old = crate::hold(&a, &name, fenced::Lease::Renewed(t.ms(600))).await;
+    let old = crate::hold(&a, &name, fenced::Lease::Renewed(t.ms(2000))).await;
     assert_eq!(b.mutex(&name).unwrap().force_unlock().await.unwrap(), 1);
     let new = b
         .mutex(&name)
@@ -1051,11 +1051,17 @@ pub async fn lease_expiry_frees_dead_holder(fx: &Fixture) {
 }
 
 /// The watchdog keeps a slow holder's lock for many leases.
+///
+/// The lease is short enough that the check spans three of them, and long
+/// enough that a server a loaded machine keeps waiting for a few hundred
+/// milliseconds still answers a renewal in time: a renewal that comes back
+/// after the lease has ended rightly loses the hold, so a lease shorter
+/// than the machine's worst stall would test the machine, not the watchdog.
 pub async fn watchdog_keeps_slow_holder(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("wd");
     let (a, b) = fx.two_clients().await;
-    let lease = t.ms(300);
+    let lease = t.ms(2000);
     let g = crate::hold(&a, &name, fenced::Lease::Renewed(lease)).await;
     let rival = b.mutex(&name).unwrap();
     for _ in 0..6 {
@@ -1110,7 +1116,7 @@ pub async fn lost_signal_when_taken(fx: &Fixture) {
     let t = Timing::default();
     let name = unique("lost");
     let (a, b) = fx.two_clients().await;
-    let g = crate::hold(&a, &name, fenced::Lease::Renewed(t.ms(300))).await;
+    let g = crate::hold(&a, &name, fenced::Lease::Renewed(t.ms(2000))).await;
     let reg = a.register(&format!("{name}:reg")).unwrap();
     reg.write(&g, "1").await.unwrap();
     assert_eq!(b.mutex(&name).unwrap().force_unlock().await.unwrap(), 1);
