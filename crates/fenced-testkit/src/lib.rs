@@ -198,7 +198,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!($($then)* [
             partitioned_holder_is_told_first, cut_connections_keep_or_lose_cleanly,
             a_lost_reply_is_not_a_second_grant, a_slow_reply_is_not_a_second_grant,
-            a_lost_release_reply_is_not_a_loss,
+            a_lost_release_reply_is_not_a_loss, pushes_through_cut_connections_deliver_once,
             a_grant_past_its_lease_is_not_returned, calls_return_when_the_server_stops_answering
         ]);
     };

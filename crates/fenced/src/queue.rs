@@ -40,6 +40,7 @@
 //! between its two steps leaves those few bytes behind.
 
 use crate::client::Client;
+use crate::core::acquire::pause_before_retry;
 use crate::core::hold::LostReason;
 use crate::error::{Error, ErrorKind, Result};
 use crate::name::LockName;
@@ -432,11 +433,19 @@ impl Queue {
     /// Adds an item at the tail; its id (ids rise in the order pushes
     /// were given them, from 1).
     ///
+    /// A backend that does not answer is tried again, as an acquisition's
+    /// default [`RetryPolicy`](crate::RetryPolicy) does (for about a
+    /// minute), and never pushes the item twice: a lost reply of the id's
+    /// counter leaves a hole that takers pass over, and the item's own
+    /// write is tried again at the same id, where a write that landed
+    /// shows.
+    ///
     /// # Errors
     /// [`InvalidInput`](ErrorKind::InvalidInput), with nothing pushed, for
-    /// a payload longer than [`MAX_ITEM_LEN`]. Another error (a reply
-    /// lost) may come after the item was pushed: pushing it again then
-    /// delivers it twice, as at-least-once allows.
+    /// a payload longer than [`MAX_ITEM_LEN`]. Another error (the backend
+    /// still unanswering once the retries are spent) may come after the
+    /// item was pushed: pushing it again then delivers it twice, as
+    /// at-least-once allows.
     ///
     /// # Cancel safety
     /// A push dropped before it finished either pushed the item or left a
@@ -451,8 +460,15 @@ impl Queue {
             )));
         }
         let value = State::waiting(0, payload);
+        let (retry, started, mut retries) = (crate::RetryPolicy::default(), Instant::now(), 0);
         for _ in 0..MAX_PUSH_RACES {
-            let id = self.tail.add(1).await?;
+            // Tried again on a lost reply: an id taken twice leaves a hole.
+            let id = loop {
+                match self.tail.add(1).await {
+                    Ok(id) => break id,
+                    Err(e) => pause_before_retry(&retry, &mut retries, started, None, e).await?,
+                }
+            };
             let id = u64::try_from(id).map_err(|_| {
                 Error::new(
                     ErrorKind::Protocol,
@@ -465,16 +481,31 @@ impl Queue {
             let name = self.item_name(id)?;
             // Create it, or write it over a taker's mark of the hole: of
             // this and a taker giving the hole up, exactly one wins.
-            let mut version = 0;
-            for _ in 0..3 {
-                if self.write(&name, version, &value).await? {
-                    self.wake_quietly().await;
-                    return Ok(id);
+            let (mut version, mut races, mut doubtful) = (0, 0, false);
+            while races < 3 {
+                match self.write(&name, version, &value).await {
+                    Ok(true) => {
+                        self.wake_quietly().await;
+                        return Ok(id);
+                    }
+                    Ok(false) => races += 1,
+                    // The reply was lost: the write may have landed, which
+                    // the read below tells; else it is tried again here.
+                    Err(e) => {
+                        pause_before_retry(&retry, &mut retries, started, None, e).await?;
+                        doubtful = true;
+                    }
                 }
                 match self.read_item(&name).await? {
                     (State::Watched(_), v) => version = v,
                     // Given up: take another id.
                     (State::GivenUp, _) => break,
+                    // Not there after a write whose reply was lost: it did
+                    // not land, unless it was taken, acknowledged and swept
+                    // since, which happens only below the head.
+                    (State::Missing, _) if doubtful && self.read_head().await?.0 <= id => {
+                        version = 0;
+                    }
                     // The id is this push's alone: anything else there
                     // (even gone, finished and swept) is its write, which
                     // landed although its reply said otherwise.

@@ -400,6 +400,62 @@ async fn lost_reply_once(fx: &Fixture, owner: Option<Owner>) {
     .await;
 }
 
+/// Pushes whose connections are reset at random points (a request lost,
+/// or its reply: the id taken, the item written, or neither) are tried
+/// again, not errors, and each item is delivered once: an id whose reply
+/// was lost is a hole that takers pass over, and a write whose reply was
+/// lost is found where it landed.
+pub async fn pushes_through_cut_connections_deliver_once(fx: &Fixture) {
+    const PUSHES: usize = 20;
+    const CUTS: usize = 10;
+    let t = Timing::default();
+    let (iso, observer, name) = cut_off(fx, false, "cutpush").await;
+    let q = iso.client.queue(&name).unwrap();
+    let pushing = async {
+        let mut ids = Vec::new();
+        for i in 0..PUSHES {
+            let id = q.push(format!("cut-{i:02}")).await;
+            ids.push(id.unwrap_or_else(|e| panic!("{name}: push {i} through a cut: {e}")));
+        }
+        ids
+    };
+    let cutting = async {
+        for _ in 0..CUTS {
+            tokio::time::sleep(random_below(t.ms(200))).await;
+            iso.cut();
+        }
+        std::future::pending::<()>().await;
+    };
+    let ids = tokio::select! {
+        ids = pushing => ids,
+        () = cutting => unreachable!(),
+    };
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "{name}: the ids fell: {ids:?}"
+    );
+    let taker = observer.queue(&name).unwrap();
+    for i in 0..PUSHES {
+        let want = format!("cut-{i:02}");
+        let item = taker
+            .take_timeout(t.eventually())
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name}: {want:?} never came"));
+        assert_eq!(
+            item.payload(),
+            want.as_bytes(),
+            "{name}: out of order or twice"
+        );
+        assert_eq!(item.deliveries(), 1, "{name}");
+        item.ack().await.unwrap();
+    }
+    assert!(
+        taker.try_take().await.unwrap().is_none(),
+        "{name}: an item came twice"
+    );
+}
+
 /// A release whose reply is lost (the connection cut after the server
 /// applied it) is tried again, finds nothing to release, and still
 /// reports the release, not a loss: the hold was ours until then.

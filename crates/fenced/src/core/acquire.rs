@@ -533,7 +533,7 @@ pub(crate) fn bounded<'a, T: Send + 'a>(
 /// After a failed try: waits out the pause `policy` sets before retry
 /// number `retry` and counts it, when the error is transient and the pause
 /// ends before `deadline`; else gives the error back.
-async fn pause_before_retry(
+pub(crate) async fn pause_before_retry(
     policy: &RetryPolicy,
     retry: &mut u32,
     started: Instant,
