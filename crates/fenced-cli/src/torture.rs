@@ -1199,7 +1199,10 @@ fn breaches(f: &Findings, e: &Expect, orphans: usize) -> Vec<String> {
     }
     // A lost update a write sent after its own lost signal took part in
     // is that writer's, not the lock's (see `lost_updates_after_signal`).
-    let lost_updates = f.lost_updates - f.lost_updates_after_signal;
+    // Counted both ways: the net count sees an update lost without a
+    // value written twice, the count by value one a killed worker's
+    // unrecorded write would hide from the net count.
+    let lost_updates = (f.lost_updates - f.lost_updates_after_signal).max(f.lost_updates_by_lock);
     if e.exclusion == Claim::Must && (f.overlaps > 0 || lost_updates > 0) {
         b.push(format!(
             "I2: {} overlaps ({:.1} ms), {} lost updates",

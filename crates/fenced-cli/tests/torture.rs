@@ -213,6 +213,9 @@ fn torture(topology: Topology) {
     // write on after the signal on purpose; the library told them
     // first). Every other one is the lock's, and fails.
     assert_eq!(n("lost_updates") - n("lost_updates_after_signal"), 0, "{r}");
+    // And value by value, where a killed worker's unrecorded write cannot
+    // hide one.
+    assert_eq!(n("lost_updates_by_lock"), 0, "{r}");
     assert_refused(topology, &strict, &r);
     if loose.is_empty() {
         return;

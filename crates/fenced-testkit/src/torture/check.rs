@@ -32,6 +32,13 @@ pub struct Findings {
     /// writer first, so that is the writer's breach, not the lock's (I2
     /// counts `lost_updates` less these).
     pub lost_updates_after_signal: i64,
+    /// Lost updates the lock caused, counted value by value: a value the
+    /// register took k times lost k − 1 increments, less those a write
+    /// sent after its own lost signal took part in. Unlike the difference
+    /// `lost_updates` − `lost_updates_after_signal`, a killed worker's
+    /// write the register took but nobody recorded cannot hide one (I2
+    /// fails on either).
+    pub lost_updates_by_lock: i64,
     /// Acquisitions whose token was below one granted before they asked (I7).
     pub token_regressions: u64,
     /// Lost signals that fired.
@@ -251,6 +258,10 @@ pub fn check_with(events: &[Event], counter: i64, probing: Probing) -> Findings 
         .map(|&(k, late)| (k - 1).min(late).max(0))
         .sum::<i64>()
         .min(f.lost_updates.max(0));
+    f.lost_updates_by_lock = values
+        .values()
+        .map(|&(k, late)| (k - 1 - late).max(0))
+        .sum();
     // I1: a write is stale if a higher token's write had been accepted
     // before it was sent.
     f.stale_accepted = count_below_earlier_max(
@@ -647,6 +658,7 @@ mod tests {
         ];
         let f = check(&h, 1);
         assert_eq!((f.lost_updates, f.lost_updates_after_signal), (1, 1));
+        assert_eq!(f.lost_updates_by_lock, 0);
         // The same writes, both sent before any signal: the lock's.
         let h = vec![
             acq(10, 1, 5),
@@ -659,6 +671,30 @@ mod tests {
         ];
         let f = check(&h, 1);
         assert_eq!((f.lost_updates, f.lost_updates_after_signal), (1, 0));
+        assert_eq!(f.lost_updates_by_lock, 1);
+    }
+
+    /// A killed worker's write the register took, never recorded, makes
+    /// the net count of lost updates one too low: counted value by value,
+    /// a value written twice by the lock's fault still shows.
+    #[test]
+    fn an_unrecorded_write_does_not_hide_a_lost_update() {
+        let h = vec![
+            // Workers 1 and 2 both read 0 and write 1: one increment lost.
+            acq(10, 1, 5),
+            write(12, 1, 5, 1, true),
+            acq(11, 2, 6),
+            write(14, 2, 6, 1, true),
+            rel(15, 1),
+            rel(16, 2),
+            // Worker 3 reads 1 and its write of 2 is taken, but it is
+            // killed before it records the answer.
+            acq(20, 3, 7),
+            ev(22, 3, Kind::Exited),
+        ];
+        let f = check(&h, 2);
+        assert_eq!(f.lost_updates, 0, "masked in the net count");
+        assert_eq!(f.lost_updates_by_lock, 1);
     }
 
     #[test]
