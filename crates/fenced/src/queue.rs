@@ -79,6 +79,46 @@ const DONE: &[u8] = b"x";
 /// What a hole's register holds once given up.
 const GIVEN_UP: &[u8] = b"h";
 
+/// The retries of one push over all its steps: the default
+/// [`RetryPolicy`](crate::RetryPolicy)'s, as an acquisition's.
+struct Budget {
+    policy: crate::RetryPolicy,
+    started: Instant,
+    retries: u32,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            policy: crate::RetryPolicy::default(),
+            started: Instant::now(),
+            retries: 0,
+        }
+    }
+}
+
+impl Budget {
+    /// Waits before the next retry after `e`; `e` back when it is not
+    /// transient or the retries are spent.
+    async fn pause(&mut self, e: Error) -> Result<()> {
+        pause_before_retry(&self.policy, &mut self.retries, self.started, None, e).await
+    }
+
+    /// `f` until it answers, retried while the budget lasts: for reads,
+    /// and for writes whose retry cannot apply twice.
+    async fn run<T, Fut>(&mut self, mut f: impl FnMut() -> Fut) -> Result<T>
+    where
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        loop {
+            match f().await {
+                Ok(v) => return Ok(v),
+                Err(e) => self.pause(e).await?,
+            }
+        }
+    }
+}
+
 /// How long a waiting take sleeps at most before it reads again: a taker
 /// that died writes nothing, so only a look finds its items.
 const LOOK_EVERY: Duration = Duration::from_secs(2);
@@ -433,12 +473,13 @@ impl Queue {
     /// Adds an item at the tail; its id (ids rise in the order pushes
     /// were given them, from 1).
     ///
-    /// A backend that does not answer is tried again, as an acquisition's
-    /// default [`RetryPolicy`](crate::RetryPolicy) does (for about a
-    /// minute), and never pushes the item twice: a lost reply of the id's
-    /// counter leaves a hole that takers pass over, and the item's own
-    /// write is tried again at the same id, where a write that landed
-    /// shows.
+    /// A backend that does not answer is tried again, every step under
+    /// one budget of an acquisition's default
+    /// [`RetryPolicy`](crate::RetryPolicy) (a minute or more), without
+    /// pushing the item twice: a lost reply of the id's counter leaves a
+    /// hole that takers pass over, and a write of the item whose reply
+    /// was lost is looked for at its id before anything else is written
+    /// there.
     ///
     /// # Errors
     /// [`InvalidInput`](ErrorKind::InvalidInput), with nothing pushed, for
@@ -460,15 +501,10 @@ impl Queue {
             )));
         }
         let value = State::waiting(0, payload);
-        let (retry, started, mut retries) = (crate::RetryPolicy::default(), Instant::now(), 0);
+        let mut budget = Budget::default();
         for _ in 0..MAX_PUSH_RACES {
             // Tried again on a lost reply: an id taken twice leaves a hole.
-            let id = loop {
-                match self.tail.add(1).await {
-                    Ok(id) => break id,
-                    Err(e) => pause_before_retry(&retry, &mut retries, started, None, e).await?,
-                }
-            };
+            let id = budget.run(|| self.tail.add(1)).await?;
             let id = u64::try_from(id).map_err(|_| {
                 Error::new(
                     ErrorKind::Protocol,
@@ -478,42 +514,9 @@ impl Queue {
                     ),
                 )
             })?;
-            let name = self.item_name(id)?;
-            // Create it, or write it over a taker's mark of the hole: of
-            // this and a taker giving the hole up, exactly one wins.
-            let (mut version, mut races, mut doubtful) = (0, 0, false);
-            while races < 3 {
-                match self.write(&name, version, &value).await {
-                    Ok(true) => {
-                        self.wake_quietly().await;
-                        return Ok(id);
-                    }
-                    Ok(false) => races += 1,
-                    // The reply was lost: the write may have landed, which
-                    // the read below tells; else it is tried again here.
-                    Err(e) => {
-                        pause_before_retry(&retry, &mut retries, started, None, e).await?;
-                        doubtful = true;
-                    }
-                }
-                match self.read_item(&name).await? {
-                    (State::Watched(_), v) => version = v,
-                    // Given up: take another id.
-                    (State::GivenUp, _) => break,
-                    // Not there after a write whose reply was lost: it did
-                    // not land, unless it was taken, acknowledged and swept
-                    // since, which happens only below the head.
-                    (State::Missing, _) if doubtful && self.read_head().await?.0 <= id => {
-                        version = 0;
-                    }
-                    // The id is this push's alone: anything else there
-                    // (even gone, finished and swept) is its write, which
-                    // landed although its reply said otherwise.
-                    _ => {
-                        self.wake_quietly().await;
-                        return Ok(id);
-                    }
-                }
+            if self.push_at(id, &value, &mut budget).await? {
+                self.wake_quietly().await;
+                return Ok(id);
             }
         }
         Err(Error::new(
@@ -524,6 +527,74 @@ impl Queue {
                 self.name
             ),
         ))
+    }
+
+    /// Writes the item `value` at `id`, the push's own: `true` once it is
+    /// there (or was, and has been taken since), `false` when the id was
+    /// given up as a hole, by a taker or by this push.
+    ///
+    /// The item is created, or written over a taker's mark of the hole by
+    /// version: of this and a taker giving the hole up, exactly one wins.
+    /// A write whose reply was lost may have landed, or may land later (a
+    /// request the server has yet to read). So what is at the id is read,
+    /// and the head with it: below the head, a mark or nothing means the
+    /// item landed and was taken (a slow taker marks an id after the
+    /// sweep deleted it). Above it, the write in doubt is still to land
+    /// or never will; the push then writes over a mark by version (which
+    /// the write in doubt loses, or wins with the same item), or gives the
+    /// id up itself, create-only, where nothing is (which that write then
+    /// loses), rather than create the item again where it may yet land.
+    /// (Only a stall of this push of several round trips, between that
+    /// look and its give-up, in which the write in doubt lands and is
+    /// taken, acknowledged and swept, delivers the item twice, as
+    /// at-least-once allows.)
+    async fn push_at(&self, id: u64, value: &[u8], budget: &mut Budget) -> Result<bool> {
+        let name = self.item_name(id)?;
+        let (mut version, mut races, mut doubtful) = (0, 0, false);
+        loop {
+            match self.write(&name, version, value).await {
+                Ok(true) => return Ok(true),
+                Ok(false) => races += 1,
+                Err(e) => {
+                    budget.pause(e).await?;
+                    doubtful = true;
+                }
+            }
+            loop {
+                let (state, v) = budget.run(|| self.read_item(&name)).await?;
+                match state {
+                    State::GivenUp => return Ok(false),
+                    State::Watched(_) | State::Missing
+                        if doubtful && id < budget.run(|| self.read_head()).await?.0 =>
+                    {
+                        return Ok(true);
+                    }
+                    State::Watched(_) if races < 3 => {
+                        version = v;
+                        break;
+                    }
+                    // Every write answered: the taker gives its hole up.
+                    State::Watched(_) if !doubtful => return Ok(false),
+                    // Every write answered, and the last found something
+                    // there: this item, taken and swept since.
+                    State::Missing if !doubtful => return Ok(true),
+                    State::Watched(_) | State::Missing => {
+                        let at = if matches!(state, State::Missing) {
+                            0
+                        } else {
+                            v
+                        };
+                        match self.write(&name, at, GIVEN_UP).await {
+                            Ok(true) => return Ok(false),
+                            // Something came first: look again.
+                            Ok(false) => {}
+                            Err(e) => budget.pause(e).await?,
+                        }
+                    }
+                    State::Waiting { .. } | State::Taken { .. } | State::Done => return Ok(true),
+                }
+            }
+        }
     }
 
     /// Waits for the oldest item nobody holds and takes it. A backend

@@ -400,58 +400,69 @@ async fn lost_reply_once(fx: &Fixture, owner: Option<Owner>) {
     .await;
 }
 
-/// Pushes whose connections are reset at random points (a request lost,
-/// or its reply: the id taken, the item written, or neither) are tried
-/// again, not errors, and each item is delivered once: an id whose reply
-/// was lost is a hole that takers pass over, and a write whose reply was
-/// lost is found where it landed.
+/// Pushes whose connections are reset at random points, one reset per
+/// push (a request lost, or its reply: the id taken, the item written,
+/// or neither), while a taker of another client takes and acknowledges:
+/// each push is tried again, not an error, and each item is delivered
+/// once. An id whose reply was lost is a hole the taker gives up; a
+/// write whose reply was lost is found where it landed, or its id given
+/// up before anything else is written there.
 pub async fn pushes_through_cut_connections_deliver_once(fx: &Fixture) {
     const PUSHES: usize = 20;
-    const CUTS: usize = 10;
     let t = Timing::default();
+    let hang = t.eventually() * 6;
     let (iso, observer, name) = cut_off(fx, false, "cutpush").await;
     let q = iso.client.queue(&name).unwrap();
-    let pushing = async {
-        let mut ids = Vec::new();
-        for i in 0..PUSHES {
-            let id = q.push(format!("cut-{i:02}")).await;
-            ids.push(id.unwrap_or_else(|e| panic!("{name}: push {i} through a cut: {e}")));
+    let taken = Arc::new(Mutex::new(Vec::new()));
+    let taker = tokio::spawn({
+        let (q, taken, name) = (observer.queue(&name).unwrap(), taken.clone(), name.clone());
+        async move {
+            let until = Instant::now() + hang;
+            while taken.lock().unwrap().len() < PUSHES {
+                assert!(Instant::now() < until, "{name}: items never came");
+                let Some(item) = q.take_timeout(t.ms(200)).await.unwrap() else {
+                    continue;
+                };
+                assert_eq!(
+                    item.deliveries(),
+                    1,
+                    "{name}: nothing failed on the taker's side"
+                );
+                taken.lock().unwrap().push(item.payload().to_vec());
+                item.ack().await.unwrap();
+            }
         }
-        ids
-    };
-    let cutting = async {
-        for _ in 0..CUTS {
-            tokio::time::sleep(random_below(t.ms(200))).await;
+    });
+    let mut ids = Vec::new();
+    for i in 0..PUSHES {
+        // The reset lands while the push is on its way, or just after it
+        // (the next push then meets the broken connection).
+        let cut = async {
+            tokio::time::sleep(random_below(t.ms(3))).await;
             iso.cut();
-        }
-        std::future::pending::<()>().await;
-    };
-    let ids = tokio::select! {
-        ids = pushing => ids,
-        () = cutting => unreachable!(),
-    };
+        };
+        let (id, ()) = tokio::join!(q.push(format!("cut-{i:02}")), cut);
+        ids.push(id.unwrap_or_else(|e| panic!("{name}: push {i} through a reset: {e}")));
+    }
     assert!(
         ids.windows(2).all(|w| w[0] < w[1]),
         "{name}: the ids fell: {ids:?}"
     );
-    let taker = observer.queue(&name).unwrap();
-    for i in 0..PUSHES {
-        let want = format!("cut-{i:02}");
-        let item = taker
-            .take_timeout(t.eventually())
+    taker.await.unwrap();
+    let mut got = std::mem::take(&mut *taken.lock().unwrap());
+    got.sort();
+    let want: Vec<Vec<u8>> = (0..PUSHES)
+        .map(|i| format!("cut-{i:02}").into_bytes())
+        .collect();
+    assert_eq!(got, want, "{name}: every item once");
+    assert!(
+        observer
+            .queue(&name)
+            .unwrap()
+            .try_take()
             .await
             .unwrap()
-            .unwrap_or_else(|| panic!("{name}: {want:?} never came"));
-        assert_eq!(
-            item.payload(),
-            want.as_bytes(),
-            "{name}: out of order or twice"
-        );
-        assert_eq!(item.deliveries(), 1, "{name}");
-        item.ack().await.unwrap();
-    }
-    assert!(
-        taker.try_take().await.unwrap().is_none(),
+            .is_none(),
         "{name}: an item came twice"
     );
 }

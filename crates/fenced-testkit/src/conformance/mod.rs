@@ -54,6 +54,7 @@ pub const TESTS: &[&str] = &[
     "a_lost_reply_is_not_a_second_grant",
     "a_slow_reply_is_not_a_second_grant",
     "a_lost_release_reply_is_not_a_loss",
+    "pushes_through_cut_connections_deliver_once",
     "a_grant_past_its_lease_is_not_returned",
     "cut_off_run_is_killed_before_the_next_runs",
     "calls_return_when_the_server_stops_answering",
