@@ -1275,14 +1275,17 @@ fn print_report(
     }
     println!(
         "  holds {} · overlaps {} ({:.1} ms) · writes accepted {} · stale rejected {} · \
-         stale accepted {} · lost updates {}",
+         stale accepted {} · lost updates {} (after their writer's signal {}; the lock's, \
+         value by value, {})",
         f.holds,
         f.overlaps,
         f.overlap_ms,
         f.writes_accepted,
         f.stale_rejected,
         f.stale_accepted,
-        f.lost_updates
+        f.lost_updates,
+        f.lost_updates_after_signal,
+        f.lost_updates_by_lock
     );
     println!(
         "  token regressions {} · lost signals {} (missing {}, missed by probe {}, false {}; \
