@@ -22,6 +22,7 @@
 mod libs;
 mod report;
 mod scenarios;
+mod wake;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -36,7 +37,7 @@ use std::time::Duration;
 )]
 struct Cli {
     #[command(subcommand)]
-    worker: Option<Worker>,
+    command: Option<Command>,
     /// Rounds; the table shows each figure's median over them.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -61,18 +62,49 @@ struct Cli {
     out: PathBuf,
 }
 
-/// One worker process of a multi-process scenario (started by the driver).
+/// One worker process of a multi-process scenario (started by the driver),
+/// or the pub/sub wake-up measurement.
 #[derive(Subcommand)]
-enum Worker {
+enum Command {
     #[command(hide = true)]
     Worker(scenarios::Job),
+    /// How long a PUBLISH takes to reach a subscriber process idle for
+    /// each gap: the floor under a hand-over to a waiter that sleeps
+    /// until told (S4), whatever the library.
+    Wake {
+        /// A Redis to use instead of one of our own.
+        #[arg(long)]
+        redis: Option<String>,
+        /// Idle gaps before each publish, ms.
+        #[arg(long, value_delimiter = ',', default_value = "0,5,40")]
+        gaps: Vec<u64>,
+        /// Publishes per gap.
+        #[arg(long, default_value_t = 200)]
+        n: usize,
+    },
+    #[command(hide = true)]
+    WakeSub { url: String },
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    if let Some(Worker::Worker(job)) = cli.worker {
-        let rt = tokio::runtime::Runtime::new()?;
-        return rt.block_on(scenarios::worker(job));
+    match cli.command {
+        Some(Command::Worker(job)) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            return rt.block_on(scenarios::worker(job));
+        }
+        Some(Command::WakeSub { url }) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            return rt.block_on(wake::subscriber(&url));
+        }
+        Some(Command::Wake { redis, gaps, n }) => {
+            let server = redis
+                .is_none()
+                .then(fenced_testkit::servers::redis::RedisServer::start);
+            let url = redis.or_else(|| server.as_ref().map(|s| s.url()));
+            return wake::run(&url.context("a Redis")?, &gaps, n);
+        }
+        None => {}
     }
     let libs = if cli.libs.is_empty() {
         Lib::ALL.to_vec()

@@ -466,7 +466,7 @@ pub(crate) async fn worker(job: Job) -> Result<()> {
 }
 
 /// `redis-benchmark -c 1 SET` on the server of `url`: requests per second.
-fn redis_set_limit(url: &str) -> Result<f64> {
+pub(crate) fn redis_set_limit(url: &str) -> Result<f64> {
     let rest = url.trim_start_matches("redis://");
     let hostport = rest.split(['/', '?']).next().unwrap_or(rest);
     let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "6379"));
