@@ -6,10 +6,14 @@ use anyhow::Result;
 use std::fmt::Write;
 
 /// The table's columns: a figure and how it is printed.
-const COLUMNS: [(&str, &str); 10] = [
+const COLUMNS: [(&str, &str); 11] = [
     ("S1 ×Y", "S1 ×Y"),
     ("S1 ×Y current_thread", "S1 ×Y (current_thread)"),
     ("S1 p50 RT", "S1 p50 (round trips)"),
+    (
+        "S1 client CPU µs",
+        "S1 client CPU per op (µs, current_thread)",
+    ),
     ("S2 ×Y", "S2 ×Y"),
     ("S2 run length", "S2 run length"),
     ("S2 p99 wait ms", "S2 p99 wait (ms)"),

@@ -115,10 +115,13 @@ pub(crate) fn run(plan: &Plan, rounds: usize) -> Result<Vec<Row>> {
                 ("S1 ×Y", Flavor::Multi),
                 ("S1 ×Y current_thread", Flavor::Current),
             ] {
-                let (ops, p50) = s1(lib, url, plan.secs, flavor)?;
+                let (ops, p50, cpu) = s1(lib, url, plan.secs, flavor)?;
                 push(label.clone(), e, what, ops / y(e));
-                if flavor == Flavor::Multi {
-                    push(label.clone(), e, "S1 p50 RT", p50 * y(e) / 1e6);
+                match flavor {
+                    Flavor::Multi => push(label.clone(), e, "S1 p50 RT", p50 * y(e) / 1e6),
+                    // One thread runs the loop and the library's tasks:
+                    // its CPU time is the client's whole cost.
+                    Flavor::Current => push(label.clone(), e, "S1 client CPU µs", cpu),
                 }
             }
             let s2 = multi(lib, Multi::S2, url, plan.secs)?;
@@ -192,9 +195,16 @@ enum Flavor {
     Current,
 }
 
+/// The CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(Duration::ZERO, Duration::from)
+}
+
 /// S1: one client, acquire and release one lock in a loop for `secs`;
-/// operations per second and the p50 of one acquire + release in µs.
-fn s1(lib: Lib, url: &str, secs: Duration, flavor: Flavor) -> Result<(f64, f64)> {
+/// operations per second, the p50 of one acquire + release in µs, and the
+/// CPU time the loop's thread used per operation in µs.
+fn s1(lib: Lib, url: &str, secs: Duration, flavor: Flavor) -> Result<(f64, f64, f64)> {
     let url = url.to_owned();
     std::thread::spawn(move || {
         let rt = match flavor {
@@ -211,7 +221,7 @@ fn s1(lib: Lib, url: &str, secs: Duration, flavor: Flavor) -> Result<(f64, f64)>
                 locker.unlock(locker.lock(&name).await?).await?;
             }
             let mut h = histogram();
-            let start = Instant::now();
+            let (start, cpu) = (Instant::now(), thread_cpu());
             let mut n = 0u64;
             while start.elapsed() < secs {
                 let t = Instant::now();
@@ -220,7 +230,8 @@ fn s1(lib: Lib, url: &str, secs: Duration, flavor: Flavor) -> Result<(f64, f64)>
                 n += 1;
             }
             let ops = n as f64 / start.elapsed().as_secs_f64();
-            Ok((ops, h.value_at_quantile(0.5) as f64 / 1e3))
+            let cpu = (thread_cpu() - cpu).as_secs_f64() * 1e6 / n.max(1) as f64;
+            Ok((ops, h.value_at_quantile(0.5) as f64 / 1e3, cpu))
         })
     })
     .join()
