@@ -536,18 +536,17 @@ impl Queue {
     /// The item is created, or written over a taker's mark of the hole by
     /// version: of this and a taker giving the hole up, exactly one wins.
     /// A write whose reply was lost may have landed, or may land later (a
-    /// request the server has yet to read). So what is at the id is read,
-    /// and the head with it: below the head, a mark or nothing means the
-    /// item landed and was taken (a slow taker marks an id after the
-    /// sweep deleted it). Above it, the write in doubt is still to land
-    /// or never will; the push then writes over a mark by version (which
-    /// the write in doubt loses, or wins with the same item), or gives the
-    /// id up itself, create-only, where nothing is (which that write then
-    /// loses), rather than create the item again where it may yet land.
-    /// (Only a stall of this push of several round trips, between that
-    /// look and its give-up, in which the write in doubt lands and is
-    /// taken, acknowledged and swept, delivers the item twice, as
-    /// at-least-once allows.)
+    /// request the server has yet to read), even after its register was
+    /// swept. So once a write is in doubt the item is never written at
+    /// that id again: the head is read, then what is at the id. Below
+    /// that head every id is done, and `h` is never deleted, so a mark
+    /// or nothing there means the item landed and was taken (a mark after
+    /// the sweep is a slow taker's). Above it, the push gives the id up
+    /// itself (create-only where nothing is, by version over a mark), and
+    /// the write in doubt then loses for good. (Only a stall of this push
+    /// of several round trips, between reading the head and giving the id
+    /// up, in which the write in doubt lands and is taken, acknowledged
+    /// and swept, delivers the item twice, as at-least-once allows.)
     async fn push_at(&self, id: u64, value: &[u8], budget: &mut Budget) -> Result<bool> {
         let name = self.item_name(id)?;
         let (mut version, mut races, mut doubtful) = (0, 0, false);
@@ -561,23 +560,23 @@ impl Queue {
                 }
             }
             loop {
+                // The head before the item: it only rises.
+                let passed = doubtful && id < budget.run(|| self.read_head()).await?.0;
                 let (state, v) = budget.run(|| self.read_item(&name)).await?;
                 match state {
+                    State::Waiting { .. } | State::Taken { .. } | State::Done => return Ok(true),
                     State::GivenUp => return Ok(false),
-                    State::Watched(_) | State::Missing
-                        if doubtful && id < budget.run(|| self.read_head()).await?.0 =>
-                    {
-                        return Ok(true);
-                    }
-                    State::Watched(_) if races < 3 => {
+                    State::Watched(_) | State::Missing if passed => return Ok(true),
+                    // Every write answered, and the last found something
+                    // there: this item, taken and swept since.
+                    State::Missing if !doubtful => return Ok(true),
+                    // Every write answered: over the mark, by version.
+                    State::Watched(_) if !doubtful && races < 3 => {
                         version = v;
                         break;
                     }
                     // Every write answered: the taker gives its hole up.
                     State::Watched(_) if !doubtful => return Ok(false),
-                    // Every write answered, and the last found something
-                    // there: this item, taken and swept since.
-                    State::Missing if !doubtful => return Ok(true),
                     State::Watched(_) | State::Missing => {
                         let at = if matches!(state, State::Missing) {
                             0
@@ -591,7 +590,6 @@ impl Queue {
                             Err(e) => budget.pause(e).await?,
                         }
                     }
-                    State::Waiting { .. } | State::Taken { .. } | State::Done => return Ok(true),
                 }
             }
         }
@@ -842,6 +840,13 @@ impl Queue {
                 if wall_ms().abs_diff(since)
                     >= u64::try_from(grace.as_millis()).unwrap_or(u64::MAX) =>
             {
+                if id < self.read_head().await?.0 {
+                    // Passed already: a slow taker's mark, made after the
+                    // sweep deleted the item. Given up, it would tell the
+                    // item's pusher, if it looked, that its item never
+                    // landed.
+                    return Ok(Hole::Done);
+                }
                 if self.write(name, version, GIVEN_UP).await? {
                     Ok(Hole::Done)
                 } else {
