@@ -40,7 +40,7 @@
 //! between its two steps leaves those few bytes behind.
 
 use crate::client::Client;
-use crate::core::acquire::pause_before_retry;
+use crate::core::acquire::Retries;
 use crate::core::hold::LostReason;
 use crate::error::{Error, ErrorKind, Result};
 use crate::name::LockName;
@@ -78,46 +78,6 @@ const DONE: &[u8] = b"x";
 
 /// What a hole's register holds once given up.
 const GIVEN_UP: &[u8] = b"h";
-
-/// The retries of one push over all its steps: the default
-/// [`RetryPolicy`](crate::RetryPolicy)'s, as an acquisition's.
-struct Budget {
-    policy: crate::RetryPolicy,
-    started: Instant,
-    retries: u32,
-}
-
-impl Default for Budget {
-    fn default() -> Self {
-        Budget {
-            policy: crate::RetryPolicy::default(),
-            started: Instant::now(),
-            retries: 0,
-        }
-    }
-}
-
-impl Budget {
-    /// Waits before the next retry after `e`; `e` back when it is not
-    /// transient or the retries are spent.
-    async fn pause(&mut self, e: Error) -> Result<()> {
-        pause_before_retry(&self.policy, &mut self.retries, self.started, None, e).await
-    }
-
-    /// `f` until it answers, retried while the budget lasts: for reads,
-    /// and for writes whose retry cannot apply twice.
-    async fn run<T, Fut>(&mut self, mut f: impl FnMut() -> Fut) -> Result<T>
-    where
-        Fut: std::future::Future<Output = Result<T>>,
-    {
-        loop {
-            match f().await {
-                Ok(v) => return Ok(v),
-                Err(e) => self.pause(e).await?,
-            }
-        }
-    }
-}
 
 /// How long a waiting take sleeps at most before it reads again: a taker
 /// that died writes nothing, so only a look finds its items.
@@ -501,7 +461,9 @@ impl Queue {
             )));
         }
         let value = State::waiting(0, payload);
-        let mut budget = Budget::default();
+        // One budget for every step, as an acquisition's default policy.
+        let policy = crate::RetryPolicy::default();
+        let mut budget = Retries::new(&policy, None);
         for _ in 0..MAX_PUSH_RACES {
             // Tried again on a lost reply: an id taken twice leaves a hole.
             let id = budget.run(|| self.tail.add(1)).await?;
@@ -547,7 +509,7 @@ impl Queue {
     /// of several round trips, between reading the head and giving the id
     /// up, in which the write in doubt lands and is taken, acknowledged
     /// and swept, delivers the item twice, as at-least-once allows.)
-    async fn push_at(&self, id: u64, value: &[u8], budget: &mut Budget) -> Result<bool> {
+    async fn push_at(&self, id: u64, value: &[u8], budget: &mut Retries<'_>) -> Result<bool> {
         let name = self.item_name(id)?;
         let (mut version, mut races, mut doubtful) = (0, 0, false);
         loop {

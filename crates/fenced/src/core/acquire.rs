@@ -533,7 +533,7 @@ pub(crate) fn bounded<'a, T: Send + 'a>(
 /// After a failed try: waits out the pause `policy` sets before retry
 /// number `retry` and counts it, when the error is transient and the pause
 /// ends before `deadline`; else gives the error back.
-pub(crate) async fn pause_before_retry(
+async fn pause_before_retry(
     policy: &RetryPolicy,
     retry: &mut u32,
     started: Instant,
@@ -556,20 +556,50 @@ pub(crate) async fn pause_before_retry(
     Ok(())
 }
 
+/// Retries under one policy, counted across every call it serves: one
+/// operation of several steps (a queue push) spends a single budget.
+pub(crate) struct Retries<'p> {
+    policy: &'p RetryPolicy,
+    deadline: Option<Instant>,
+    started: Instant,
+    retry: u32,
+}
+
+impl<'p> Retries<'p> {
+    pub(crate) fn new(policy: &'p RetryPolicy, deadline: Option<Instant>) -> Self {
+        Retries {
+            policy,
+            deadline,
+            started: Instant::now(),
+            retry: 0,
+        }
+    }
+
+    /// Waits before the next retry after `e`; `e` back when it is not
+    /// transient, the retries are spent or the deadline would pass.
+    pub(crate) async fn pause(&mut self, e: Error) -> Result<()> {
+        pause_before_retry(self.policy, &mut self.retry, self.started, self.deadline, e).await
+    }
+
+    /// `f` until it answers, retried while the budget lasts.
+    pub(crate) async fn run<T, Fut>(&mut self, mut f: impl FnMut() -> Fut) -> Result<T>
+    where
+        Fut: Future<Output = Result<T>>,
+    {
+        loop {
+            match f().await {
+                Ok(v) => return Ok(v),
+                Err(e) => self.pause(e).await?,
+            }
+        }
+    }
+}
+
 /// Runs `f`, retrying transient errors under `policy` but never past `deadline`.
 pub(crate) async fn with_retry<'a, T>(
     policy: &RetryPolicy,
     deadline: Option<Instant>,
-    mut f: impl FnMut() -> Reply<'a, T>,
+    f: impl FnMut() -> Reply<'a, T>,
 ) -> Result<T> {
-    let started = Instant::now();
-    let mut retry = 0;
-    loop {
-        match f().await {
-            Ok(v) => return Ok(v),
-            Err(e) => {
-                pause_before_retry(policy, &mut retry, started, deadline, e).await?;
-            }
-        }
-    }
+    Retries::new(policy, deadline).run(f).await
 }
