@@ -1082,7 +1082,7 @@ pub(crate) async fn torture(
         "injected": injected.iter().map(|(f, n)| (f.name(), n)).collect::<HashMap<_, _>>(),
         "clients": args.clients, "duration_s": args.duration.as_secs_f64(),
         "lease_ms": lease.as_millis() as u64, "bound_ms": bound.as_millis() as u64,
-        "defaults": args.defaults,
+        "hold_max_ms": args.hold_max.as_secs_f64() * 1e3, "defaults": args.defaults,
         "seed": seed, "expect": expect, "findings": findings, "counter": counter,
         "orphans": orphans, "timeline": timeline, "breaches": breaches,
         "pass": breaches.is_empty(),
@@ -1344,7 +1344,9 @@ fn print_report(
     }
 }
 
-/// The reports of several runs (JSON lines) as one Markdown table.
+/// The reports of several runs (JSON lines) as one Markdown table, then
+/// each topology's totals: its runs, its critical sections over all of
+/// them (the long profile's measure), and how many runs passed.
 fn markdown_table(jsonl: &str) -> anyhow::Result<String> {
     let mut out = String::from(
         "| topology | faults (injected) | holds | overlaps (ms) | stale writes refused | \
@@ -1352,6 +1354,8 @@ fn markdown_table(jsonl: &str) -> anyhow::Result<String> {
          recovery max / bound | orphans | claims | verdict |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
+    // (topology, runs, holds, runs passed), in the order first seen.
+    let mut totals: Vec<(String, u64, u64, u64)> = Vec::new();
     for (i, line) in jsonl
         .lines()
         .enumerate()
@@ -1360,6 +1364,18 @@ fn markdown_table(jsonl: &str) -> anyhow::Result<String> {
         let r: serde_json::Value =
             serde_json::from_str(line).with_context(|| format!("line {}: not a report", i + 1))?;
         let f = &r["findings"];
+        let name = r["topology"].as_str().unwrap_or("?").to_owned();
+        let at = match totals.iter().position(|t| t.0 == name) {
+            Some(at) => at,
+            None => {
+                totals.push((name, 0, 0, 0));
+                totals.len() - 1
+            }
+        };
+        let t = &mut totals[at];
+        t.1 += 1;
+        t.2 += f["holds"].as_u64().unwrap_or(0);
+        t.3 += u64::from(r["pass"] == true);
         let injected: Vec<String> = r["faults"]
             .as_array()
             .into_iter()
@@ -1427,5 +1443,44 @@ fn markdown_table(jsonl: &str) -> anyhow::Result<String> {
             },
         );
     }
+    out += "\n| topology | runs | critical sections | runs passed |\n|---|---|---|---|\n";
+    for (name, runs, holds, passed) in totals {
+        out += &format!("| {name} | {runs} | {holds} | {passed} |\n");
+    }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::markdown_table;
+
+    #[test]
+    fn the_table_sums_each_topologys_critical_sections() {
+        let run = |topology: &str, holds: u64, pass: bool| {
+            serde_json::json!({
+                "topology": topology, "faults": ["kill"], "injected": {"kill": 2},
+                "findings": {"holds": holds, "overlaps": 0, "overlap_ms": 0.0, "recoveries": []},
+                "expect": {}, "bound_ms": 9000, "orphans": 0, "pass": pass,
+            })
+            .to_string()
+        };
+        let jsonl = [
+            run("redis", 700, true),
+            run("etcd", 5, false),
+            run("redis", 300, true),
+        ]
+        .join("\n");
+        let table = markdown_table(&jsonl).expect("three reports");
+        assert_eq!(
+            table.matches("| redis | kill ×2 | 700 |").count(),
+            1,
+            "{table}"
+        );
+        assert!(table.contains("| etcd | kill ×2 | 5 |") && table.contains("**BROKEN**"));
+        assert!(
+            table.ends_with("| redis | 2 | 1000 | 2 |\n| etcd | 1 | 5 | 0 |\n"),
+            "{table}"
+        );
+        assert!(markdown_table("not json").is_err());
+    }
 }
