@@ -1459,6 +1459,7 @@ mod tests {
         let run = |topology: &str, holds: u64, pass: bool| {
             serde_json::json!({
                 "topology": topology, "faults": ["kill"], "injected": {"kill": 2},
+                "defaults": topology == "redis" && holds == 300,
                 "findings": {"holds": holds, "overlaps": 0, "overlap_ms": 0.0, "recoveries": []},
                 "expect": {}, "bound_ms": 9000, "orphans": 0, "pass": pass,
             })
@@ -1474,6 +1475,11 @@ mod tests {
         assert_eq!(
             table.matches("| redis | kill ×2 | 700 |").count(),
             1,
+            "{table}"
+        );
+        // A run at the defaults is a row of its own, and its topology's.
+        assert!(
+            table.contains("| redis (defaults) | kill ×2 | 300 |"),
             "{table}"
         );
         assert!(table.contains("| etcd | kill ×2 | 5 |") && table.contains("**BROKEN**"));
