@@ -8,10 +8,39 @@ pub(crate) fn redact(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) if u.password().is_some() => {
             let _ = u.set_password(Some("***"));
-            u.to_string()
+            mask_query(u.as_ref())
         }
         _ => redact_userinfo(url),
     }
+}
+
+/// `url` with the values of its query parameters that name a secret
+/// (`?password=`, `sslpassword=`, `sentinel_password=`, `digest=user:pw`,
+/// `token=`, `secret=`) as `***`; a `user:` before the secret is kept.
+fn mask_query(url: &str) -> String {
+    const SECRET: [&str; 6] = [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "digest",
+        "credential",
+    ];
+    let Some((head, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) if SECRET.iter().any(|s| k.to_ascii_lowercase().contains(s)) => {
+                let user = v.split_once(':').map_or("", |(u, _)| u);
+                let sep = if v.contains(':') { ":" } else { "" };
+                format!("{k}={user}{sep}***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{head}?{}", pairs.join("&"))
 }
 
 /// A URL with one or more `host:port` pairs (`redis+cluster://h1:p1,h2:p2`,
@@ -278,14 +307,40 @@ pub(crate) fn parse_duration(v: &str) -> Option<std::time::Duration> {
 /// Hides the password of a URL that `url::Url` may not parse (several hosts).
 fn redact_userinfo(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        return mask_query(url);
     };
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..end].rsplit_once('@') {
+    mask_query(&match rest[..end].rsplit_once('@') {
         Some((user, _)) if user.contains(':') => {
             let name = user.split(':').next().unwrap_or("");
             format!("{scheme}://{name}:***@{}", &rest[user.len() + 1..])
         }
         _ => url.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn secrets_in_the_query_are_hidden_too() {
+        assert_eq!(
+            redact("postgres://app@db/x?password=hunter2&pool=4"),
+            "postgres://app@db/x?password=***&pool=4"
+        );
+        assert_eq!(
+            redact("zk://h1:2181,h2:2181/app?digest=user:pw&session_timeout=10s"),
+            "zk://h1:2181,h2:2181/app?digest=user:***&session_timeout=10s"
+        );
+        assert_eq!(
+            redact("redis+sentinel://u:pw@h1,h2/mymaster?sentinel_password=x"),
+            "redis+sentinel://u:***@h1,h2/mymaster?sentinel_password=***"
+        );
+        assert_eq!(
+            redact("redis://:pw@h/0?timeout=5s"),
+            "redis://:***@h/0?timeout=5s"
+        );
+        assert_eq!(redact("sqlite:///tmp/l.db"), "sqlite:///tmp/l.db");
     }
 }
