@@ -275,12 +275,15 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind as K;
-            if matches!(
-                e.kind(),
-                K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand
-            ) {
+            if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion) {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
+            }
+            // `fenced`, `fenced demo`: the help, on standard error, and 2,
+            // as for any argument missing.
+            if e.kind() == K::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                return ExitCode::from(2);
             }
             eprintln!("fenced: {}", one_line(&e.render().to_string()));
             return ExitCode::from(2);

@@ -121,11 +121,12 @@ impl Held {
 pub(crate) enum OnLost {
     /// Kill CMD (SIGKILL to its process group) and exit 76.
     Kill,
-    /// Log a warning and let CMD finish.
+    /// Log a warning and let CMD finish (and still exit 76).
     Ignore,
 }
 
 pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Result<ExitCode> {
+    check(&args)?;
     let client = connect(backend.as_deref()).await?;
     let code = run_with(&client, args).await;
     // On every path, errors too: what the client still owes the backend
@@ -135,21 +136,66 @@ pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Resul
     code
 }
 
+/// What can be refused before any server is asked (exit 2 at once, not
+/// after a connection's timeout, and no lock file made for it): the
+/// name, the lease, the permits. A backend's own rules (ZooKeeper's `/`)
+/// are its to check.
+fn check(args: &RunArgs) -> anyhow::Result<()> {
+    fenced::LockName::new(&args.name).map_err(|e| crate::usage(e.to_string()))?;
+    if !(fenced::MIN_LEASE..=fenced::MAX_LEASE).contains(&args.lease) {
+        return Err(crate::usage(format!(
+            "--lease {} is out of range: {} to {}",
+            humantime::format_duration(args.lease),
+            humantime::format_duration(fenced::MIN_LEASE),
+            humantime::format_duration(fenced::MAX_LEASE)
+        )));
+    }
+    if let (Some(take), Some(max)) = (args.permits, args.of)
+        && take > max
+    {
+        return Err(crate::usage(format!(
+            "--permits {take} is more than the semaphore's {max} (--of)"
+        )));
+    }
+    Ok(())
+}
+
+/// SIGINT, SIGTERM and SIGHUP, from before the lock is asked for: one
+/// that comes while fenced waits ends the wait (the dropped acquisition
+/// withdraws its place, and `close` sends what is owed) instead of killing
+/// fenced with a grant or a queue place left for the server to time out.
+struct Interrupts([tokio::signal::unix::Signal; 3]);
+
+impl Interrupts {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Interrupts([
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
+        ]))
+    }
+
+    /// The exit code a shell reports for the first of them to come.
+    async fn first(&mut self) -> ExitCode {
+        let [int, term, hup] = &mut self.0;
+        let signal = tokio::select! {
+            _ = int.recv() => Signal::SIGINT,
+            _ = term.recv() => Signal::SIGTERM,
+            _ = hup.recv() => Signal::SIGHUP,
+        };
+        ExitCode::from(128 + signal as u8)
+    }
+}
+
 async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let mut interrupts = Interrupts::new()?;
     let lock = match (args.shared, args.permits, args.of) {
         (true, _, _) => client.rwlock(&args.name)?.read(),
-        (false, Some(take), Some(max)) => {
-            if take > max {
-                return Err(crate::usage(format!(
-                    "--permits {take} is more than the semaphore's {max} (--of)"
-                )));
-            }
-            client
-                .semaphore(&args.name, max)?
-                .permits(take)
-                .as_lock()
-                .clone()
-        }
+        (false, Some(take), Some(max)) => client
+            .semaphore(&args.name, max)?
+            .permits(take)
+            .as_lock()
+            .clone(),
         _ => client.mutex(&args.name)?.as_lock().clone(),
     };
     let lock = lock.lease(args.lease).fair(args.fair);
@@ -161,23 +207,32 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
     } else {
         args.wait
     };
-    let held = match &args.proclaim {
-        None => match wait {
-            None => Some(lock.acquire().await?),
-            Some(d) if d.is_zero() => lock.try_acquire().await?,
-            Some(d) => lock.acquire_timeout(d).await?,
-        }
-        .map(Held::Lock),
-        Some(value) => {
-            let election = client
-                .election(&args.name)?
-                .with_lock(|m| m.lease(args.lease).fair(args.fair));
-            match wait {
-                None => Some(election.campaign(value).await?),
-                Some(d) if d.is_zero() => election.try_campaign(value).await?,
-                Some(d) => election.campaign_timeout(value, d).await?,
+    let acquired = async {
+        fenced::Result::<Option<Held>>::Ok(match &args.proclaim {
+            None => match wait {
+                None => Some(lock.acquire().await?),
+                Some(d) if d.is_zero() => lock.try_acquire().await?,
+                Some(d) => lock.acquire_timeout(d).await?,
             }
-            .map(Held::Leader)
+            .map(Held::Lock),
+            Some(value) => {
+                let election = client
+                    .election(&args.name)?
+                    .with_lock(|m| m.lease(args.lease).fair(args.fair));
+                match wait {
+                    None => Some(election.campaign(value).await?),
+                    Some(d) if d.is_zero() => election.try_campaign(value).await?,
+                    Some(d) => election.campaign_timeout(value, d).await?,
+                }
+                .map(Held::Leader)
+            }
+        })
+    };
+    let held = tokio::select! {
+        held = acquired => held?,
+        code = interrupts.first() => {
+            eprintln!("fenced: interrupted while waiting for {:?}; not acquired", args.name);
+            return Ok(code);
         }
     };
     let Some(held) = held else {
@@ -198,19 +253,39 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
     let what = format!("lock {:?} (token {token})", args.name);
     let code = match supervise(&args.cmd, &env, None, guard.lost(), args.on_lost, &what).await? {
         Ran::Exited(code) => code,
-        Ran::Lost => ExitCode::from(EXIT_LOST),
+        Ran::Lost => return lost_at_release(held, &what).await,
         Ran::NotRun => {
             held.release().await?;
             return Ok(ExitCode::from(127));
         }
     };
-    if let Err(e) = held.release().await {
-        eprintln!(
-            "fenced: releasing {:?} failed ({e}); its lease will free it",
-            args.name
-        );
+    // CMD ended first; but the hold may have been lost meanwhile with its
+    // signal not yet fired (it fires at the next renewal), or fired and
+    // ignored (`--on-lost ignore`): never a silent success.
+    let signalled = !held.guard().is_held();
+    match held.release().await {
+        Ok(true) if !signalled => Ok(code),
+        Ok(_) => {
+            eprintln!("fenced: lost {what} while the command ran; it finished without it");
+            Ok(ExitCode::from(EXIT_LOST))
+        }
+        Err(e) => {
+            eprintln!(
+                "fenced: releasing {:?} failed ({e}); its lease will free it",
+                args.name
+            );
+            Ok(code)
+        }
     }
-    Ok(code)
+}
+
+/// After CMD was killed for the loss: the release is a formality (the
+/// hold is gone), and the exit code says lost whatever it answers.
+async fn lost_at_release(held: Held, what: &str) -> anyhow::Result<ExitCode> {
+    if let Err(e) = held.release().await {
+        tracing::debug!(error = %e, "{what}: the release after the loss failed");
+    }
+    Ok(ExitCode::from(EXIT_LOST))
 }
 
 /// How a supervised command ended.

@@ -441,6 +441,109 @@ fn lost_lock_kills_the_command() {
     assert!(err.contains("lost lock"), "{err}");
 }
 
+/// A hold lost while CMD ran is reported even when CMD finishes before
+/// the loss is noticed (the next renewal is a third of the 30 s lease
+/// away), and with `--on-lost ignore`: exit 76, never CMD's 0.
+#[test]
+fn a_loss_cmd_outran_is_still_exit_76() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fenced"));
+    let t = fenced_testkit::Timing::default();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for (i, extra) in [&[][..], &["--on-lost", "ignore"][..]]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("outran{i}");
+        let go = dir.path().join(format!("go{i}"));
+        let wait = format!("while [ ! -e '{}' ]; do sleep 0.02; done", go.display());
+        let mut holder =
+            fenced_testkit::process::spawn_run(bin, &url, &name, extra, &["sh", "-c", &wait]);
+        rt.block_on(async {
+            let client = fenced::Client::connect(&url).await.unwrap();
+            let lock = client.mutex(&name).unwrap();
+            t.wait_until("the holder never took the lock", || async {
+                !lock.status().await.unwrap().is_free()
+            })
+            .await;
+            assert_eq!(lock.force_unlock().await.unwrap(), 1);
+        });
+        std::fs::write(&go, "").unwrap();
+        let code = fenced_testkit::process::exit_within(&mut holder, t.eventually(), "the holder");
+        let mut err = String::new();
+        use std::io::Read;
+        holder
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(code, Some(76), "{extra:?}: {err}");
+        assert!(err.contains("lost lock"), "{err}");
+    }
+}
+
+/// SIGTERM, SIGINT or SIGHUP while `fenced run` waits for the lock ends
+/// the wait: exit 128 + the signal, nothing acquired, and the lock goes
+/// to the next.
+#[test]
+fn a_signal_while_waiting_ends_the_wait() {
+    use nix::sys::signal::{Signal, kill};
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fenced"));
+    let t = fenced_testkit::Timing::default();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(fenced::Client::connect(&url)).unwrap();
+    let held = rt
+        .block_on(client.mutex("waited").unwrap().acquire())
+        .unwrap();
+    for (signal, code) in [
+        (Signal::SIGTERM, 143),
+        (Signal::SIGINT, 130),
+        (Signal::SIGHUP, 129),
+    ] {
+        let mut waiter = fenced_testkit::process::spawn_run(bin, &url, "waited", &[], &["true"]);
+        // Signalled while it still connects, it dies of the signal (the
+        // default action, with nothing held yet): wait until it catches
+        // SIGHUP, SIGINT and SIGTERM (bits 0, 1 and 14 of SigCgt).
+        let pid = nix::unistd::Pid::from_raw(waiter.id() as i32);
+        rt.block_on(
+            t.wait_until("the waiter never caught the signals", || async {
+                let status =
+                    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("SigCgt:"))
+                    .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                    .is_some_and(|m| m & 0x4003 == 0x4003)
+            }),
+        );
+        kill(pid, signal).unwrap();
+        let got = fenced_testkit::process::exit_within(&mut waiter, t.eventually(), "the waiter");
+        let mut err = String::new();
+        use std::io::Read;
+        waiter
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(got, Some(code), "{signal}: {err}");
+        assert!(err.contains("interrupted while waiting"), "{err}");
+    }
+    assert!(rt.block_on(held.release()).unwrap());
+    let out = fenced(&url, &["run", "waited", "-n", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
 /// The recipes from the command line, on the embedded default, by
 /// several processes at once: a counter loses no add, a sequence hands
 /// out no ID twice, and `barrier wait` and `latch wait` processes go on
@@ -692,6 +795,41 @@ fn bad_arguments_get_one_line_and_exit_2() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    // Refused before any server is asked: at once, not after a
+    // connection's timeout, and no lock file made for it.
+    let file = dir.path().join("never.db");
+    for url in [
+        "redis://127.0.0.1:1".to_owned(),
+        format!("sqlite://{}", file.display()),
+    ] {
+        for (args, needle) in [
+            (vec!["run", "", "--", "true"], "lock name is empty"),
+            (vec!["run", "x", "--lease", "0", "--", "true"], "lease"),
+            (
+                vec!["run", "x", "--permits", "3", "--of", "2", "--", "true"],
+                "--of",
+            ),
+            (vec!["elect", "", "--", "true"], "lock name is empty"),
+        ] {
+            let out = fenced(&url, &args);
+            assert_eq!(out.status.code(), Some(2), "{url} {args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains(needle), "{url} {args:?}: {err}");
+        }
+    }
+    assert!(!file.exists(), "a refused command made the lock file");
+    // No command at all, or none under `demo`: the help, and 2.
+    for args in [&[][..], &["demo"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_fenced"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Usage"),
+            "{args:?}"
+        );
     }
     let out = fenced("sqlite:///nonexistent-dir/sub/locks.db", &["status", "x"]);
     assert_eq!(out.status.code(), Some(69));
