@@ -599,14 +599,14 @@ impl Queue {
     async fn take_until(&self, until: Option<Instant>) -> Result<Option<Item>> {
         let mut pause = Duration::from_millis(50);
         loop {
-            let now = Instant::now();
             match self.take_once(until).await {
                 Ok(Some(Some(item))) => return Ok(Some(item)),
                 Ok(Some(None)) => pause = Duration::from_millis(50),
                 Ok(None) => return Ok(None),
                 // A backend that does not answer: again, as acquisitions
-                // do, while the caller's wait lasts.
-                Err(e) if e.is_transient() && until.is_none_or(|u| now + pause < u) => {
+                // do, while the caller's wait lasts (from when the look
+                // failed: a look can take a request timeout to fail).
+                Err(e) if e.is_transient() && until.is_none_or(|u| Instant::now() + pause < u) => {
                     tracing::debug!(queue = %self.name, error = %e, "a take failed; trying again");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(LOOK_EVERY);
@@ -620,14 +620,15 @@ impl Queue {
     /// `Some(None)` to look again, `None` once `until` has passed.
     async fn take_once(&self, until: Option<Instant>) -> Result<Option<Option<Item>>> {
         let taker = self.taker().await?;
-        // The wake register is read before the look (a push or give-back
-        // after it changes it), beside the head and the tail: one round
-        // trip for the three.
-        let (seen, head, tail) = tokio::try_join!(
-            self.read_raw(&self.wake),
-            self.read_head(),
-            self.read_tail()
-        )?;
+        // The wake register is read before the look, and answered before
+        // the tail is read: a push raises the tail, writes its item, then
+        // the wake register, so one that the tail read missed changes the
+        // wake register after it was read, and wakes this taker. Sent
+        // together, the reads could be served in any order on a pooled
+        // or multiplexed connection, and a push between them waited for
+        // the next look.
+        let seen = self.read_raw(&self.wake).await?;
+        let (head, tail) = tokio::try_join!(self.read_head(), self.read_tail())?;
         let seen = seen.map(|(v, _)| v);
         let hole = match self.scan(&taker, head, tail).await? {
             Scan::Took(item) if item.is_held() => return Ok(Some(Some(*item))),
@@ -834,19 +835,23 @@ impl Queue {
         if slot == me.slot && held_by == me.token() {
             return Ok(me.holds(id));
         }
-        // A status read before `held_by` was issued cannot tell: read
-        // again. One read after it can: a hold that is gone never comes
-        // back.
-        if let Some((tokens, last)) = live.0.get(&slot)
-            && held_by <= *last
+        // Only a live answer is kept for the rest of the look. A hold a
+        // status read did not name may have been on its way: RedLock
+        // names a hold once a quorum of its servers have it, while the
+        // token it will get already counts in the last token read (the
+        // highest of any server's). Its taker may take this item after
+        // that read, so "gone" is read again, not remembered.
+        if live
+            .0
+            .get(&slot)
+            .is_some_and(|tokens| tokens.contains(&held_by))
         {
-            return Ok(tokens.contains(&held_by));
+            return Ok(true);
         }
         let status = self.slot_lock(slot)?.status().await?;
         let tokens: Vec<u64> = status.holders.iter().map(|h| h.token).collect();
         let is = tokens.contains(&held_by);
-        let last = tokens.iter().copied().fold(status.last_token, u64::max);
-        live.0.insert(slot, (tokens, last));
+        live.0.insert(slot, tokens);
         Ok(is)
     }
 
@@ -1031,10 +1036,10 @@ impl Queue {
     }
 }
 
-/// The taker slots a pass has looked at: the tokens holding each, and
-/// the highest token issued for it by then.
+/// The taker slots a pass has looked at: the tokens holding each when
+/// last read.
 #[derive(Default)]
-struct Live(HashMap<u32, (Vec<u64>, u64)>);
+struct Live(HashMap<u32, Vec<u64>>);
 
 /// What became of a hole: done (given up, or passed), or still open at
 /// this version of its register.
