@@ -1087,8 +1087,9 @@ impl Item {
     }
 
     /// How many times the item has been taken, this time included: more
-    /// than 1 after a taker gave it back, died holding it, or had its
-    /// take cancelled after the write.
+    /// than 1 after a taker gave it back or died holding it. (A take
+    /// cancelled after its write landed gives the item back as it was: it
+    /// reached nobody, and does not count.)
     pub fn deliveries(&self) -> u32 {
         self.deliveries
     }
@@ -1116,9 +1117,12 @@ impl Item {
     /// # Errors
     /// [`Lost`](ErrorKind::Lost) if another taker took the item after this
     /// taker's lease ended: the item is theirs, and stays in the queue
-    /// until they finish it. Any other error leaves the item unfinished,
-    /// and it is given back when the `Item` is dropped; a write whose
-    /// reply was lost is read back, and counts if it landed.
+    /// until they finish it. Any other error means the finish is in
+    /// doubt: a write whose reply was lost is read back and counts if it
+    /// landed, but one whose read-back failed too may have landed all the
+    /// same. The item is then finished or given back when the `Item` is
+    /// dropped, and a handler that must not run twice checks its own
+    /// records, as at-least-once delivery asks of it anyway.
     pub async fn ack(mut self) -> Result<()> {
         let finished = match self.queue.write(&self.name, self.token, DONE).await {
             Ok(f) => f,
