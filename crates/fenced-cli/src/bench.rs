@@ -192,7 +192,9 @@ pub(crate) async fn bench(backend: Option<String>, args: BenchArgs) -> anyhow::R
         )));
     }
     let client = crate::connect(backend.as_deref()).await?;
-    let url = client.url().to_owned();
+    // The URL as given, for the workers: `client.url()` has its secrets
+    // masked. (None is the host's SQLite file, which has none.)
+    let url = backend.clone().unwrap_or_else(|| client.url().to_owned());
     for s in &args.scenarios {
         if matches!(s, Scenario::S2 | Scenario::S3 | Scenario::S4) {
             crate::needs_processes(&url, &format!("{s:?}"))?;

@@ -349,9 +349,22 @@ async fn take(
         // What the taker slot's holder record shows.
         client.set_command(&crate::run::shown_command(&cmd));
     }
-    let item = match wait.timeout {
-        None => Some(queue.take().await?),
-        Some(d) => queue.take_timeout(d).await?,
+    // Caught from here on, as `fenced run` does: a signal while waiting
+    // ends the wait (a take dropped gives its item back), and one that
+    // comes once the item is had reaches CMD.
+    let mut interrupts = crate::run::Interrupts::new()?;
+    let taken = async {
+        fenced::Result::<Option<fenced::Item>>::Ok(match wait.timeout {
+            None => Some(queue.take().await?),
+            Some(d) => queue.take_timeout(d).await?,
+        })
+    };
+    let item = tokio::select! {
+        item = taken => item?,
+        signal = interrupts.first() => {
+            eprintln!("fenced: interrupted ({signal}) while waiting for an item of queue {name:?}");
+            return Ok(crate::run::signal_exit(signal));
+        }
     };
     let Some(item) = item else {
         eprintln!("fenced: queue {:?}: no item within the wait", name);
@@ -383,6 +396,7 @@ async fn take(
         item.lost(),
         crate::run::OnLost::Kill,
         &what,
+        &mut interrupts,
     )
     .await?;
     let code = match ran {

@@ -128,11 +128,18 @@ pub(crate) enum OnLost {
 pub(crate) async fn run(backend: Option<String>, args: RunArgs) -> anyhow::Result<ExitCode> {
     check(&args)?;
     let client = connect(backend.as_deref()).await?;
-    let code = run_with(&client, args).await;
+    let mut interrupts = Interrupts::new()?;
+    let code = run_with(&client, args, &mut interrupts).await;
     // On every path, errors too: what the client still owes the backend
     // (a release, the withdrawal of a try that timed out) goes out before
-    // the process does.
-    client.close().await;
+    // the process does; unless a signal comes meanwhile (a backend that
+    // hangs makes this last two request timeouts), which ends it at once.
+    tokio::select! {
+        () = client.close() => {}
+        signal = interrupts.first() => {
+            eprintln!("fenced: {signal} while closing; what was owed to the backend ends with its lease");
+        }
+    }
     code
 }
 
@@ -160,14 +167,18 @@ fn check(args: &RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// SIGINT, SIGTERM and SIGHUP, from before the lock is asked for: one
-/// that comes while fenced waits ends the wait (the dropped acquisition
-/// withdraws its place, and `close` sends what is owed) instead of killing
-/// fenced with a grant or a queue place left for the server to time out.
-struct Interrupts([tokio::signal::unix::Signal; 3]);
+/// SIGINT, SIGTERM and SIGHUP, caught from before the lock is asked for
+/// until fenced exits, by one set of listeners (a listener sees only the
+/// signals that come after it is made, so a second set would miss one
+/// that came in between). One that comes while fenced waits ends the wait
+/// (the dropped acquisition withdraws its place, and `close` sends what
+/// is owed) instead of killing fenced with a grant or a queue place left
+/// for the server to time out; one that comes while CMD runs is passed on
+/// to it, even if it came while CMD was being started.
+pub(crate) struct Interrupts([tokio::signal::unix::Signal; 3]);
 
 impl Interrupts {
-    fn new() -> anyhow::Result<Self> {
+    pub(crate) fn new() -> anyhow::Result<Self> {
         Ok(Interrupts([
             signal(SignalKind::interrupt())?,
             signal(SignalKind::terminate())?,
@@ -175,20 +186,27 @@ impl Interrupts {
         ]))
     }
 
-    /// The exit code a shell reports for the first of them to come.
-    async fn first(&mut self) -> ExitCode {
+    /// The first of them to come (or one that came unread).
+    pub(crate) async fn first(&mut self) -> Signal {
         let [int, term, hup] = &mut self.0;
-        let signal = tokio::select! {
+        tokio::select! {
             _ = int.recv() => Signal::SIGINT,
             _ = term.recv() => Signal::SIGTERM,
             _ = hup.recv() => Signal::SIGHUP,
-        };
-        ExitCode::from(128 + signal as u8)
+        }
     }
 }
 
-async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<ExitCode> {
-    let mut interrupts = Interrupts::new()?;
+/// The exit code a shell reports for a process ended by `signal`.
+pub(crate) fn signal_exit(signal: Signal) -> ExitCode {
+    ExitCode::from(128 + signal as u8)
+}
+
+async fn run_with(
+    client: &fenced::Client,
+    args: RunArgs,
+    interrupts: &mut Interrupts,
+) -> anyhow::Result<ExitCode> {
     let lock = match (args.shared, args.permits, args.of) {
         (true, _, _) => client.rwlock(&args.name)?.read(),
         (false, Some(take), Some(max)) => client
@@ -230,9 +248,9 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
     };
     let held = tokio::select! {
         held = acquired => held?,
-        code = interrupts.first() => {
-            eprintln!("fenced: interrupted while waiting for {:?}; not acquired", args.name);
-            return Ok(code);
+        signal = interrupts.first() => {
+            eprintln!("fenced: interrupted ({signal}) while waiting for {:?}; not acquired", args.name);
+            return Ok(signal_exit(signal));
         }
     };
     let Some(held) = held else {
@@ -251,7 +269,16 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
         ("FENCED_TOKEN", token.to_string()),
     ];
     let what = format!("lock {:?} (token {token})", args.name);
-    let code = match supervise(&args.cmd, &env, None, guard.lost(), args.on_lost, &what).await? {
+    let ran = supervise(
+        &args.cmd,
+        &env,
+        None,
+        guard.lost(),
+        args.on_lost,
+        &what,
+        interrupts,
+    );
+    let code = match ran.await? {
         Ran::Exited(code) => code,
         Ran::Lost => return lost_at_release(held, &what).await,
         Ran::NotRun => {
@@ -274,6 +301,10 @@ async fn run_with(client: &fenced::Client, args: RunArgs) -> anyhow::Result<Exit
                 "fenced: releasing {:?} failed ({e}); its lease will free it",
                 args.name
             );
+            if signalled {
+                eprintln!("fenced: lost {what} while the command ran; it finished without it");
+                return Ok(ExitCode::from(EXIT_LOST));
+            }
             Ok(code)
         }
     }
@@ -301,7 +332,8 @@ pub(crate) enum Ran {
 /// Runs `cmd` with `env` (and `stdin`, if given, on its standard input) in
 /// a process group of its own that dies with fenced, until it exits; if
 /// `lost` fires first, kills it (`OnLost::Kill`) or says so. SIGTERM,
-/// SIGINT and SIGHUP are passed on.
+/// SIGINT and SIGHUP (`interrupts`, caught since before the hold) are
+/// passed on.
 pub(crate) async fn supervise(
     cmd: &[String],
     env: &[(&str, String)],
@@ -309,6 +341,7 @@ pub(crate) async fn supervise(
     lost: impl std::future::Future<Output = fenced::LostReason>,
     on_lost: OnLost,
     what: &str,
+    interrupts: &mut Interrupts,
 ) -> anyhow::Result<Ran> {
     let mut command = tokio::process::Command::new(&cmd[0]);
     command
@@ -335,9 +368,6 @@ pub(crate) async fn supervise(
         });
     }
     let pgid = Pid::from_raw(child.id().context("the child has no pid")? as i32);
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sighup = signal(SignalKind::hangup())?;
     tokio::pin!(lost);
     let mut lost_seen = false;
     let code = loop {
@@ -353,9 +383,7 @@ pub(crate) async fn supervise(
                 }
                 eprintln!("fenced: lost {what}: {reason}; the command goes on (--on-lost ignore)");
             }
-            _ = sigterm.recv() => { let _ = killpg(pgid, Signal::SIGTERM); }
-            _ = sigint.recv() => { let _ = killpg(pgid, Signal::SIGINT); }
-            _ = sighup.recv() => { let _ = killpg(pgid, Signal::SIGHUP); }
+            signal = interrupts.first() => { let _ = killpg(pgid, signal); }
         }
     };
     Ok(code)

@@ -33,9 +33,13 @@ fn mask_query(url: &str) -> String {
         .split('&')
         .map(|pair| match pair.split_once('=') {
             Some((k, v)) if SECRET.iter().any(|s| k.to_ascii_lowercase().contains(s)) => {
-                let user = v.split_once(':').map_or("", |(u, _)| u);
-                let sep = if v.contains(':') { ":" } else { "" };
-                format!("{k}={user}{sep}***")
+                // ZooKeeper's `digest=user:password` keeps its user.
+                match v.split_once(':') {
+                    Some((user, _)) if k.eq_ignore_ascii_case("digest") => {
+                        format!("{k}={user}:***")
+                    }
+                    _ => format!("{k}=***"),
+                }
             }
             _ => pair.to_owned(),
         })
@@ -342,5 +346,10 @@ mod tests {
             "redis://:***@h/0?timeout=5s"
         );
         assert_eq!(redact("sqlite:///tmp/l.db"), "sqlite:///tmp/l.db");
+        // Only a digest keeps the part before its `:`.
+        assert_eq!(
+            redact("postgres://h/x?password=ab:cd"),
+            "postgres://h/x?password=***"
+        );
     }
 }
