@@ -398,46 +398,68 @@ fn unlock_breaks_a_held_lock_only_with_force() {
     fenced_testkit::process::kill_group(&mut holder);
 }
 
-#[test]
-fn lost_lock_kills_the_command() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = sqlite_url(&dir);
+/// The exit code of a `fenced run` child within a while, and what it said
+/// on standard error.
+fn exit_and_stderr(child: &mut std::process::Child, what: &str) -> (Option<i32>, String) {
+    use std::io::Read;
+    let t = fenced_testkit::Timing::default();
+    let code = fenced_testkit::process::exit_within(child, t.eventually(), what);
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (code, err)
+}
+
+/// Starts `fenced run NAME EXTRA -- CMD`, breaks its lock once it holds
+/// it (as `fenced unlock --force` does), calls `then`, and returns how
+/// the run ended: its exit code and its standard error.
+fn break_the_lock_of_a_run(
+    url: &str,
+    name: &str,
+    extra: &[&str],
+    cmd: &[&str],
+    then: impl FnOnce(),
+) -> (Option<i32>, String) {
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fenced"));
-    let mut holder = fenced_testkit::process::spawn_run(
-        bin,
-        &url,
-        "victim",
-        &["--lease", "300ms"],
-        &["sleep", "60"],
-    );
+    let mut holder = fenced_testkit::process::spawn_run(bin, url, name, extra, cmd);
     let t = fenced_testkit::Timing::default();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let client = fenced::Client::connect(&url).await.unwrap();
-        let lock = client.mutex("victim").unwrap();
+        let client = fenced::Client::connect(url).await.unwrap();
+        let lock = client.mutex(name).unwrap();
         t.wait_until("the holder never took the lock", || async {
             !lock.status().await.unwrap().is_free()
         })
         .await;
         assert_eq!(lock.force_unlock().await.unwrap(), 1);
     });
-    let code = fenced_testkit::process::exit_within(&mut holder, t.eventually(), "the holder");
+    then();
+    exit_and_stderr(&mut holder, "the holder")
+}
+
+#[test]
+fn lost_lock_kills_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let (code, err) = break_the_lock_of_a_run(
+        &url,
+        "victim",
+        &["--lease", "300ms"],
+        &["sleep", "60"],
+        || {},
+    );
     assert_eq!(
         code,
         Some(76),
         "fenced run must kill CMD and exit 76 when the lock is lost"
     );
-    let mut err = String::new();
-    use std::io::Read;
-    holder
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
     assert!(err.contains("lost lock"), "{err}");
 }
 
@@ -448,40 +470,19 @@ fn lost_lock_kills_the_command() {
 fn a_loss_cmd_outran_is_still_exit_76() {
     let dir = tempfile::tempdir().unwrap();
     let url = sqlite_url(&dir);
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fenced"));
-    let t = fenced_testkit::Timing::default();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     for (i, extra) in [&[][..], &["--on-lost", "ignore"][..]]
         .into_iter()
         .enumerate()
     {
-        let name = format!("outran{i}");
         let go = dir.path().join(format!("go{i}"));
         let wait = format!("while [ ! -e '{}' ]; do sleep 0.02; done", go.display());
-        let mut holder =
-            fenced_testkit::process::spawn_run(bin, &url, &name, extra, &["sh", "-c", &wait]);
-        rt.block_on(async {
-            let client = fenced::Client::connect(&url).await.unwrap();
-            let lock = client.mutex(&name).unwrap();
-            t.wait_until("the holder never took the lock", || async {
-                !lock.status().await.unwrap().is_free()
-            })
-            .await;
-            assert_eq!(lock.force_unlock().await.unwrap(), 1);
-        });
-        std::fs::write(&go, "").unwrap();
-        let code = fenced_testkit::process::exit_within(&mut holder, t.eventually(), "the holder");
-        let mut err = String::new();
-        use std::io::Read;
-        holder
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let (code, err) = break_the_lock_of_a_run(
+            &url,
+            &format!("outran{i}"),
+            extra,
+            &["sh", "-c", &wait],
+            || std::fs::write(&go, "").unwrap(),
+        );
         assert_eq!(code, Some(76), "{extra:?}: {err}");
         assert!(err.contains("lost lock"), "{err}");
     }
@@ -527,15 +528,7 @@ fn a_signal_while_waiting_ends_the_wait() {
             }),
         );
         kill(pid, signal).unwrap();
-        let got = fenced_testkit::process::exit_within(&mut waiter, t.eventually(), "the waiter");
-        let mut err = String::new();
-        use std::io::Read;
-        waiter
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let (got, err) = exit_and_stderr(&mut waiter, "the waiter");
         assert_eq!(got, Some(code), "{signal}: {err}");
         assert!(err.contains("while waiting"), "{err}");
     }
