@@ -351,6 +351,15 @@ pub(crate) async fn supervise(
     if stdin.is_some() {
         command.stdin(std::process::Stdio::piped());
     }
+    // CMD runs in a group of its own (killed whole on a loss), which the
+    // terminal would treat as a background job: stopped when it reads it
+    // (a password prompt, `read`), deaf to Ctrl-C and Ctrl-Z. Run from a
+    // terminal in the foreground, fenced hands the terminal to CMD's
+    // group, as a shell does, and takes it back when CMD ends or stops.
+    let terminal = stdin.is_none() && in_foreground();
+    if terminal {
+        hand_over_terminal(&mut command);
+    }
     die_with_parent(&mut command);
     let mut child = match command.spawn() {
         Ok(c) => c,
@@ -368,11 +377,35 @@ pub(crate) async fn supervise(
         });
     }
     let pgid = Pid::from_raw(child.id().context("the child has no pid")? as i32);
+    let mut children = signal(SignalKind::child())?;
     tokio::pin!(lost);
     let mut lost_seen = false;
     let code = loop {
         tokio::select! {
-            status = child.wait() => break Ran::Exited(exit_code(status?)),
+            status = child.wait() => {
+                if terminal {
+                    take_back_terminal(pgid);
+                }
+                break Ran::Exited(exit_code(status?));
+            }
+            // Ctrl-Z (or a read of the terminal from the background)
+            // stopped CMD: fenced stops too, so that the shell gets the
+            // terminal back and sees the job stopped; `fg` or `bg`
+            // continues both. (Only stops are asked for: CMD's exit stays
+            // for `child.wait()` to reap.)
+            _ = children.recv(), if terminal => {
+                use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+                let flags = WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG;
+                if let Ok(WaitStatus::Stopped(..)) = waitid(Id::Pid(pgid), flags) {
+                    take_back_terminal(pgid);
+                    let _ = nix::sys::signal::raise(Signal::SIGTSTP);
+                    // Continued: in the foreground again (`fg`), or not (`bg`).
+                    if in_foreground() {
+                        let _ = nix::unistd::tcsetpgrp(std::io::stdin(), pgid);
+                    }
+                    let _ = killpg(pgid, Signal::SIGCONT);
+                }
+            }
             reason = &mut lost, if !lost_seen => {
                 lost_seen = true;
                 if on_lost == OnLost::Kill {
@@ -387,6 +420,52 @@ pub(crate) async fn supervise(
         }
     };
     Ok(code)
+}
+
+/// Whether fenced's standard input is a terminal whose foreground is
+/// fenced's process group.
+fn in_foreground() -> bool {
+    let stdin = std::io::stdin();
+    nix::unistd::isatty(&stdin).unwrap_or(false)
+        && nix::unistd::tcgetpgrp(&stdin).is_ok_and(|g| g == nix::unistd::getpgrp())
+}
+
+/// Makes CMD's group the terminal's foreground before CMD runs, so that a
+/// CMD that reads the terminal at once is not stopped first; and lets
+/// fenced change the foreground from the background (SIGTTOU ignored:
+/// fenced is in the background while CMD has the terminal).
+#[allow(unsafe_code)]
+fn hand_over_terminal(cmd: &mut tokio::process::Command) {
+    use nix::sys::signal::{SigHandler, signal};
+    // SAFETY: ignoring a signal installs no handler code; nothing in fenced
+    // relies on SIGTTOU's default action (stopping it).
+    unsafe {
+        let _ = signal(Signal::SIGTTOU, SigHandler::SigIgn);
+    }
+    // SAFETY: the closure runs in the forked child, in its new process
+    // group, before exec, and calls only signal(2) and tcsetpgrp(3) (an
+    // ioctl), which are async-signal-safe and touch no memory of the
+    // parent. SIGTTOU, ignored as the parent's is, is set back to its
+    // default for CMD.
+    unsafe {
+        cmd.pre_exec(|| {
+            // fd 0 itself: `std::io::stdin()` may allocate on first use.
+            let stdin = std::os::fd::BorrowedFd::borrow_raw(0);
+            let _ = nix::unistd::tcsetpgrp(stdin, nix::unistd::getpgrp());
+            signal(Signal::SIGTTOU, SigHandler::SigDfl).map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+}
+
+/// Gives the terminal back to fenced's group, if CMD's group `pgid` has it
+/// (a job the shell moved to the background meanwhile keeps it from
+/// neither).
+fn take_back_terminal(pgid: Pid) {
+    let stdin = std::io::stdin();
+    if nix::unistd::tcgetpgrp(&stdin).is_ok_and(|g| g == pgid) {
+        let _ = nix::unistd::tcsetpgrp(&stdin, nix::unistd::getpgrp());
+    }
 }
 
 /// CMD must not outlive fenced: if fenced is killed (SIGKILL, OOM), nobody

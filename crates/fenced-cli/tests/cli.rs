@@ -251,24 +251,76 @@ fn list_shows_the_held_locks_as_a_table_and_as_json() {
 }
 
 /// `tmux` on a server of this test's own, killed when dropped.
-struct Tmux(String);
+/// A tmux server of one test's own (its socket named for the process and
+/// the session, so tests run as threads of one process do not share it),
+/// whose one session is `session`.
+struct Tmux {
+    socket: String,
+    session: &'static str,
+}
 
 impl Tmux {
-    fn new() -> Tmux {
-        Tmux(format!("fenced-test-{}", std::process::id()))
+    fn new(session: &'static str) -> Tmux {
+        Tmux {
+            socket: format!("fenced-test-{}-{session}", std::process::id()),
+            session,
+        }
+    }
+
+    /// Starts the session: a 160 × 20 terminal running `command`.
+    fn start(&self, command: &[&str]) {
+        let mut args = vec![
+            "new-session",
+            "-d",
+            "-s",
+            self.session,
+            "-x",
+            "160",
+            "-y",
+            "20",
+            "--",
+        ];
+        args.extend_from_slice(command);
+        let out = self.run(&args);
+        assert!(out.status.success(), "{out:?}");
     }
 
     fn run(&self, args: &[&str]) -> Output {
         Command::new("tmux")
             .arg("-L")
-            .arg(&self.0)
+            .arg(&self.socket)
             .args(args)
             .output()
             .expect("tmux (Debian: tmux) runs the terminal tests")
     }
 
+    /// Types `keys` (tmux's names: `Enter`, `C-z`) into the session.
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", self.session];
+        args.extend_from_slice(keys);
+        assert!(self.run(&args).status.success());
+    }
+
     fn screen(&self) -> String {
-        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "top"]).stdout).into_owned()
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", self.session]).stdout)
+            .into_owned()
+    }
+
+    /// The screen, once it shows every one of `what`.
+    fn shows(&self, what: &[&str]) -> String {
+        let t = fenced_testkit::Timing::default();
+        let deadline = std::time::Instant::now() + t.eventually();
+        loop {
+            let screen = self.screen();
+            if what.iter().all(|w| screen.contains(w)) {
+                return screen;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never showed {what:?}:\n{screen}"
+            );
+            std::thread::sleep(t.ms(50));
+        }
     }
 }
 
@@ -290,7 +342,7 @@ fn top_shows_the_locks_live_in_a_terminal_and_quits_on_q() {
 
     let t = fenced_testkit::Timing::default();
     let mut first = fenced_testkit::process::spawn_run(bin, &url, "jobs:a", &[], &["sleep", "60"]);
-    let tmux = Tmux::new();
+    let tmux = Tmux::new("top");
     let bin = bin.to_str().unwrap();
     // Through sh, to keep top's exit code.
     let code = dir.path().join("code");
@@ -298,43 +350,15 @@ fn top_shows_the_locks_live_in_a_terminal_and_quits_on_q() {
         "'{bin}' --backend '{url}' top jobs: --interval 200ms; echo $? > '{}'",
         code.display()
     );
-    let args = [
-        "new-session",
-        "-d",
-        "-s",
-        "top",
-        "-x",
-        "160",
-        "-y",
-        "20",
-        "--",
-        "sh",
-        "-c",
-        &top,
-    ];
-    let out = tmux.run(&args);
-    assert!(out.status.success(), "{out:?}");
-    let shows = |what: &[&str]| {
-        let deadline = std::time::Instant::now() + t.eventually();
-        loop {
-            let screen = tmux.screen();
-            if what.iter().all(|w| screen.contains(w)) {
-                return screen;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "never showed {what:?}:\n{screen}"
-            );
-            std::thread::sleep(t.ms(50));
-        }
-    };
+    tmux.start(&["sh", "-c", &top]);
+    let shows = |what: &[&str]| tmux.shows(what);
     let screen = shows(&["jobs:a", "exclusive", "1 held"]);
     assert!(screen.contains("fenced top: sqlite://"), "{screen}");
     // It looks again on its own: a lock taken later shows.
     let mut second =
         fenced_testkit::process::spawn_run(bin.as_ref(), &url, "jobs:b", &[], &["sleep", "60"]);
     shows(&["jobs:a", "jobs:b", "2 held"]);
-    tmux.run(&["send-keys", "-t", "top", "q"]);
+    tmux.keys(&["q"]);
     let deadline = std::time::Instant::now() + t.eventually();
     while tmux.run(&["has-session", "-t", "top"]).status.success() {
         assert!(std::time::Instant::now() < deadline, "q did not quit");
@@ -345,6 +369,66 @@ fn top_shows_the_locks_live_in_a_terminal_and_quits_on_q() {
     for h in [&mut first, &mut second] {
         fenced_testkit::process::kill_group(h);
     }
+}
+
+/// `fenced run` from a terminal: CMD may read it (a password prompt, a
+/// confirmation), Ctrl-Z stops CMD and fenced together as one job, `fg`
+/// continues both, and Ctrl-C reaches CMD.
+#[test]
+fn run_from_a_terminal_lets_cmd_read_it_and_stops_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let bin = env!("CARGO_BIN_EXE_fenced");
+    let tmux = Tmux::new("tty");
+    tmux.start(&["bash", "--norc", "--noprofile", "-i"]);
+    let run = format!(
+        "'{bin}' --backend '{url}' run tty -- sh -c 'read l; echo got:$l; exec sleep 31.5'"
+    );
+    tmux.keys(&[&run, "Enter"]);
+    // Before the fix CMD, in a background group, was stopped by its read.
+    tmux.keys(&["hello", "Enter"]);
+    tmux.shows(&["got:hello"]);
+    let state = |pattern: &str| -> Option<char> {
+        for p in std::fs::read_dir("/proc").unwrap().flatten() {
+            let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline)
+                .replace('\0', " ")
+                .trim_end()
+                == pattern
+            {
+                let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+                return stat.rsplit(')').next()?.trim_start().chars().next();
+            }
+        }
+        None
+    };
+    let t = fenced_testkit::Timing::default();
+    let until = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + t.eventually();
+        while !ok() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(t.ms(50));
+        }
+    };
+    tmux.keys(&["C-z"]);
+    tmux.shows(&["Stopped"]);
+    until("Ctrl-Z did not stop CMD", &|| {
+        state("sleep 31.5") == Some('T')
+    });
+    tmux.keys(&["fg", "Enter"]);
+    until("fg did not continue CMD", &|| {
+        matches!(state("sleep 31.5"), Some('S' | 'R'))
+    });
+    tmux.keys(&["C-c"]);
+    until("Ctrl-C did not end CMD", &|| state("sleep 31.5").is_none());
+    tmux.keys(&["echo rc:$?", "Enter"]);
+    tmux.shows(&["rc:130"]);
+    let out = fenced(&url, &["status", "tty"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the lock is free again: {out:?}"
+    );
 }
 
 /// `fenced unlock`: refused on a held lock without `--force`; with it, the
