@@ -393,9 +393,12 @@ async fn take(
         &cmd,
         &env,
         Some(item.payload().to_vec()),
-        item.lost(),
-        crate::run::OnLost::Kill,
-        &what,
+        crate::run::Under {
+            lost: item.lost(),
+            held: || item.is_held(),
+            on_lost: crate::run::OnLost::Kill,
+            what: &what,
+        },
         &mut interrupts,
     )
     .await?;

@@ -269,15 +269,13 @@ async fn run_with(
         ("FENCED_TOKEN", token.to_string()),
     ];
     let what = format!("lock {:?} (token {token})", args.name);
-    let ran = supervise(
-        &args.cmd,
-        &env,
-        None,
-        guard.lost(),
-        args.on_lost,
-        &what,
-        interrupts,
-    );
+    let under = Under {
+        lost: guard.lost(),
+        held: || guard.is_held(),
+        on_lost: args.on_lost,
+        what: &what,
+    };
+    let ran = supervise(&args.cmd, &env, None, under, interrupts);
     let code = match ran.await? {
         Ran::Exited(code) => code,
         Ran::Lost => return lost_at_release(held, &what).await,
@@ -319,6 +317,16 @@ async fn lost_at_release(held: Held, what: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(EXIT_LOST))
 }
 
+/// What a supervised command runs under: a hold's lost signal, whether
+/// the hold stands now (no round trip), what to do on a loss, and the
+/// hold's name for messages.
+pub(crate) struct Under<'a, L, H> {
+    pub(crate) lost: L,
+    pub(crate) held: H,
+    pub(crate) on_lost: OnLost,
+    pub(crate) what: &'a str,
+}
+
 /// How a supervised command ended.
 pub(crate) enum Ran {
     /// It exited, with this code (or 128 + the signal that ended it).
@@ -334,15 +342,23 @@ pub(crate) enum Ran {
 /// `lost` fires first, kills it (`OnLost::Kill`) or says so. SIGTERM,
 /// SIGINT and SIGHUP (`interrupts`, caught since before the hold) are
 /// passed on.
-pub(crate) async fn supervise(
+pub(crate) async fn supervise<L, H>(
     cmd: &[String],
     env: &[(&str, String)],
     stdin: Option<Vec<u8>>,
-    lost: impl std::future::Future<Output = fenced::LostReason>,
-    on_lost: OnLost,
-    what: &str,
+    under: Under<'_, L, H>,
     interrupts: &mut Interrupts,
-) -> anyhow::Result<Ran> {
+) -> anyhow::Result<Ran>
+where
+    L: std::future::Future<Output = fenced::LostReason>,
+    H: Fn() -> bool,
+{
+    let Under {
+        lost,
+        held,
+        on_lost,
+        what,
+    } = under;
     let mut command = tokio::process::Command::new(&cmd[0]);
     command
         .args(&cmd[1..])
@@ -361,6 +377,15 @@ pub(crate) async fn supervise(
         hand_over_terminal(&mut command);
     }
     die_with_parent(&mut command);
+    // Made before CMD starts, so that a stop at once is seen; and Ctrl-Z
+    // while fenced's group has the terminal (CMD was sent to the
+    // background with `bg`, then fenced brought back with `fg`) is CMD's
+    // to stop, not fenced's alone.
+    let mut children = signal(SignalKind::child())?;
+    let mut suspends = match terminal {
+        true => Some(signal(SignalKind::from_raw(Signal::SIGTSTP as i32))?),
+        false => None,
+    };
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -377,39 +402,40 @@ pub(crate) async fn supervise(
         });
     }
     let pgid = Pid::from_raw(child.id().context("the child has no pid")? as i32);
-    let mut children = signal(SignalKind::child())?;
+    // Whatever ends the wait, the terminal goes back to fenced's group.
+    let mut tty = terminal.then(|| Terminal::held_by(pgid));
+    let killed = |tty: &mut Option<Terminal>| {
+        if let Some(t) = tty {
+            t.killed = true;
+        }
+    };
     tokio::pin!(lost);
     let mut lost_seen = false;
+    let mut look_for_stops = terminal;
     let code = loop {
+        if look_for_stops {
+            look_for_stops = false;
+            if let Some(signal) = job_stopped(pgid)
+                && !job_control(pgid, signal, &held)
+            {
+                eprintln!("fenced: lost {what} while stopped; killing the command");
+                killed(&mut tty);
+                let _ = killpg(pgid, Signal::SIGKILL);
+                let _ = child.wait().await;
+                break Ran::Lost;
+            }
+        }
         tokio::select! {
-            status = child.wait() => {
-                if terminal {
-                    take_back_terminal(pgid);
-                }
-                break Ran::Exited(exit_code(status?));
-            }
-            // Ctrl-Z (or a read of the terminal from the background)
-            // stopped CMD: fenced stops too, so that the shell gets the
-            // terminal back and sees the job stopped; `fg` or `bg`
-            // continues both. (Only stops are asked for: CMD's exit stays
-            // for `child.wait()` to reap.)
-            _ = children.recv(), if terminal => {
-                use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
-                let flags = WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG;
-                if let Ok(WaitStatus::Stopped(..)) = waitid(Id::Pid(pgid), flags) {
-                    take_back_terminal(pgid);
-                    let _ = nix::sys::signal::raise(Signal::SIGTSTP);
-                    // Continued: in the foreground again (`fg`), or not (`bg`).
-                    if in_foreground() {
-                        let _ = nix::unistd::tcsetpgrp(std::io::stdin(), pgid);
-                    }
-                    let _ = killpg(pgid, Signal::SIGCONT);
-                }
-            }
+            status = child.wait() => break Ran::Exited(exit_code(status?)),
+            // Only stops are asked for by `job_stopped`: CMD's exit stays
+            // for `child.wait()` to reap.
+            _ = children.recv(), if terminal => look_for_stops = true,
+            Some(_) = async { suspends.as_mut()?.recv().await } => { let _ = killpg(pgid, Signal::SIGTSTP); }
             reason = &mut lost, if !lost_seen => {
                 lost_seen = true;
                 if on_lost == OnLost::Kill {
                     eprintln!("fenced: lost {what}: {reason}; killing the command");
+                    killed(&mut tty);
                     let _ = killpg(pgid, Signal::SIGKILL);
                     let _ = child.wait().await;
                     break Ran::Lost;
@@ -466,6 +492,86 @@ fn take_back_terminal(pgid: Pid) {
     if nix::unistd::tcgetpgrp(&stdin).is_ok_and(|g| g == pgid) {
         let _ = nix::unistd::tcsetpgrp(&stdin, nix::unistd::getpgrp());
     }
+}
+
+/// The terminal CMD's group was given: taken back however supervision
+/// ends (CMD's exit, a loss, an error); and when fenced killed CMD
+/// (`killed`), with its settings as they were before CMD (a killed
+/// editor leaves the terminal raw). A CMD that ended by itself keeps what
+/// it set (`stty`).
+struct Terminal {
+    pgid: Pid,
+    settings: Option<nix::sys::termios::Termios>,
+    killed: bool,
+}
+
+impl Terminal {
+    fn held_by(pgid: Pid) -> Terminal {
+        let settings = nix::sys::termios::tcgetattr(std::io::stdin()).ok();
+        Terminal {
+            pgid,
+            settings,
+            killed: false,
+        }
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        take_back_terminal(self.pgid);
+        if let (true, Some(t)) = (self.killed, &self.settings) {
+            use nix::sys::termios::{SetArg, tcsetattr};
+            let _ = tcsetattr(std::io::stdin(), SetArg::TCSADRAIN, t);
+        }
+    }
+}
+
+/// The signal that stopped CMD (the leader of group `pgid`), if it is
+/// stopped.
+fn job_stopped(pgid: Pid) -> Option<Signal> {
+    use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+    match waitid(Id::Pid(pgid), WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG) {
+        Ok(WaitStatus::Stopped(_, signal)) => Some(signal),
+        _ => None,
+    }
+}
+
+/// CMD was stopped by `signal`; does what a shell's job would, and says
+/// whether the hold still stands (`held`) once CMD is continued.
+///
+/// - A read or write of the terminal from the background (SIGTTIN,
+///   SIGTTOU) while fenced is in the foreground: fenced was brought back
+///   with `fg` after a `bg`; CMD gets the terminal and goes on.
+/// - Otherwise (Ctrl-Z): fenced's group stops too (SIGSTOP: fenced
+///   catches SIGTSTP), so that the shell sees the job stopped and gets
+///   the terminal; when continued, CMD goes on, with the terminal if
+///   fenced has it (`fg`), unless the hold was lost meanwhile. A group
+///   no shell watches (orphaned: fenced started by a terminal emulator
+///   or `ssh -t` itself) does not stop, as the kernel would not stop it
+///   for Ctrl-Z: CMD goes on at once.
+fn job_control(pgid: Pid, signal: Signal, held: &impl Fn() -> bool) -> bool {
+    use nix::unistd::{getpgid, getpgrp, getppid, getsid, tcsetpgrp};
+    if matches!(signal, Signal::SIGTTIN | Signal::SIGTTOU) && in_foreground() {
+        let _ = tcsetpgrp(std::io::stdin(), pgid);
+        let _ = killpg(pgid, Signal::SIGCONT);
+        return true;
+    }
+    take_back_terminal(pgid);
+    let parent = getppid();
+    let watched = getpgid(Some(parent)).is_ok_and(|g| g != getpgrp())
+        && getsid(Some(parent)).ok() == getsid(None).ok();
+    if watched {
+        let _ = killpg(getpgrp(), Signal::SIGSTOP);
+    }
+    // Continued (or never stopped).
+    if !held() {
+        return false;
+    }
+    if in_foreground() {
+        let _ = tcsetpgrp(std::io::stdin(), pgid);
+    }
+    let _ = killpg(pgid, Signal::SIGCONT);
+    true
 }
 
 /// CMD must not outlive fenced: if fenced is killed (SIGKILL, OOM), nobody

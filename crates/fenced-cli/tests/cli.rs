@@ -410,15 +410,25 @@ fn run_from_a_terminal_lets_cmd_read_it_and_stops_with_it() {
             std::thread::sleep(t.ms(50));
         }
     };
+    let stopped = |why: &str| until(why, &|| state("sleep 31.5") == Some('T'));
+    let running = |why: &str| until(why, &|| matches!(state("sleep 31.5"), Some('S' | 'R')));
     tmux.keys(&["C-z"]);
     tmux.shows(&["Stopped"]);
-    until("Ctrl-Z did not stop CMD", &|| {
-        state("sleep 31.5") == Some('T')
-    });
+    stopped("Ctrl-Z did not stop CMD");
     tmux.keys(&["fg", "Enter"]);
-    until("fg did not continue CMD", &|| {
-        matches!(state("sleep 31.5"), Some('S' | 'R'))
-    });
+    running("fg did not continue CMD");
+    // Sent to the background and brought back, fenced has the terminal:
+    // Ctrl-Z reaches fenced, which stops CMD with it.
+    tmux.keys(&["C-z"]);
+    stopped("the second Ctrl-Z did not stop CMD");
+    tmux.keys(&["bg", "Enter"]);
+    running("bg did not continue CMD");
+    tmux.keys(&["fg", "Enter"]);
+    std::thread::sleep(t.ms(200));
+    tmux.keys(&["C-z"]);
+    stopped("Ctrl-Z after bg and fg did not stop CMD");
+    tmux.keys(&["fg", "Enter"]);
+    running("the last fg did not continue CMD");
     tmux.keys(&["C-c"]);
     until("Ctrl-C did not end CMD", &|| state("sleep 31.5").is_none());
     tmux.keys(&["echo rc:$?", "Enter"]);
@@ -429,6 +439,26 @@ fn run_from_a_terminal_lets_cmd_read_it_and_stops_with_it() {
         Some(1),
         "the lock is free again: {out:?}"
     );
+
+    // In a pipeline, the job is fenced and `cat`: Ctrl-Z stops them all,
+    // or the shell would never see the job stopped.
+    let run = format!("'{bin}' --backend '{url}' run tty -- sleep 31.5 | cat");
+    tmux.keys(&["clear", "Enter"]);
+    tmux.keys(&[&run, "Enter"]);
+    running("the piped CMD never ran");
+    tmux.keys(&["C-z"]);
+    tmux.shows(&["Stopped"]);
+    stopped("Ctrl-Z did not stop the piped CMD");
+    tmux.keys(&["fg", "Enter"]);
+    running("fg did not continue the piped CMD");
+    tmux.keys(&["C-c"]);
+    until("Ctrl-C did not end the piped CMD", &|| {
+        state("sleep 31.5").is_none()
+    });
+    // (After `fg`, bash's PIPESTATUS holds the job's last status, cat's.)
+    until("the piped run kept the lock", &|| {
+        fenced(&url, &["status", "tty"]).status.code() == Some(1)
+    });
 }
 
 /// `fenced unlock`: refused on a held lock without `--force`; with it, the
