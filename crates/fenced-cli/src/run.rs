@@ -373,6 +373,10 @@ where
     // terminal in the foreground, fenced hands the terminal to CMD's
     // group, as a shell does, and takes it back when CMD ends or stops.
     let terminal = stdin.is_none() && in_foreground();
+    // The terminal's settings before CMD can change them.
+    let settings = terminal
+        .then(|| nix::sys::termios::tcgetattr(std::io::stdin()).ok())
+        .flatten();
     if terminal {
         hand_over_terminal(&mut command);
     }
@@ -389,6 +393,10 @@ where
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
+            // The child gave its group the terminal before its exec failed.
+            if terminal {
+                let _ = nix::unistd::tcsetpgrp(std::io::stdin(), nix::unistd::getpgrp());
+            }
             eprintln!("fenced: cannot run {:?}: {e}", cmd[0]);
             return Ok(Ran::NotRun);
         }
@@ -403,7 +411,11 @@ where
     }
     let pgid = Pid::from_raw(child.id().context("the child has no pid")? as i32);
     // Whatever ends the wait, the terminal goes back to fenced's group.
-    let mut tty = terminal.then(|| Terminal::held_by(pgid));
+    let mut tty = terminal.then(|| Terminal {
+        pgid,
+        settings,
+        killed: false,
+    });
     let killed = |tty: &mut Option<Terminal>| {
         if let Some(t) = tty {
             t.killed = true;
@@ -416,7 +428,7 @@ where
         if look_for_stops {
             look_for_stops = false;
             if let Some(signal) = job_stopped(pgid)
-                && !job_control(pgid, signal, &held)
+                && !job_control(pgid, signal, &held, on_lost)
             {
                 eprintln!("fenced: lost {what} while stopped; killing the command");
                 killed(&mut tty);
@@ -505,21 +517,13 @@ struct Terminal {
     killed: bool,
 }
 
-impl Terminal {
-    fn held_by(pgid: Pid) -> Terminal {
-        let settings = nix::sys::termios::tcgetattr(std::io::stdin()).ok();
-        Terminal {
-            pgid,
-            settings,
-            killed: false,
-        }
-    }
-}
-
 impl Drop for Terminal {
     fn drop(&mut self) {
+        // Only settings CMD's group left behind are put back: not those of
+        // whatever has the terminal now (the shell, another job).
+        let had_it = nix::unistd::tcgetpgrp(std::io::stdin()).is_ok_and(|g| g == self.pgid);
         take_back_terminal(self.pgid);
-        if let (true, Some(t)) = (self.killed, &self.settings) {
+        if let (true, true, Some(t)) = (self.killed, had_it, &self.settings) {
             use nix::sys::termios::{SetArg, tcsetattr};
             let _ = tcsetattr(std::io::stdin(), SetArg::TCSADRAIN, t);
         }
@@ -549,22 +553,20 @@ fn job_stopped(pgid: Pid) -> Option<Signal> {
 ///   no shell watches (orphaned: fenced started by a terminal emulator
 ///   or `ssh -t` itself) does not stop, as the kernel would not stop it
 ///   for Ctrl-Z: CMD goes on at once.
-fn job_control(pgid: Pid, signal: Signal, held: &impl Fn() -> bool) -> bool {
-    use nix::unistd::{getpgid, getpgrp, getppid, getsid, tcsetpgrp};
+fn job_control(pgid: Pid, signal: Signal, held: &impl Fn() -> bool, on_lost: OnLost) -> bool {
+    use nix::unistd::{getpgrp, tcsetpgrp};
     if matches!(signal, Signal::SIGTTIN | Signal::SIGTTOU) && in_foreground() {
         let _ = tcsetpgrp(std::io::stdin(), pgid);
         let _ = killpg(pgid, Signal::SIGCONT);
         return true;
     }
     take_back_terminal(pgid);
-    let parent = getppid();
-    let watched = getpgid(Some(parent)).is_ok_and(|g| g != getpgrp())
-        && getsid(Some(parent)).ok() == getsid(None).ok();
-    if watched {
+    if watched() {
         let _ = killpg(getpgrp(), Signal::SIGSTOP);
     }
-    // Continued (or never stopped).
-    if !held() {
+    // Continued (or never stopped). `--on-lost ignore` lets CMD finish
+    // whatever befell the hold.
+    if !held() && on_lost == OnLost::Kill {
         return false;
     }
     if in_foreground() {
@@ -572,6 +574,39 @@ fn job_control(pgid: Pid, signal: Signal, held: &impl Fn() -> bool) -> bool {
     }
     let _ = killpg(pgid, Signal::SIGCONT);
     true
+}
+
+/// Whether fenced's process group is watched by a shell that can continue
+/// it, as the kernel decides whether a group is orphaned: some member has
+/// a parent in another group of the same session. Walks up from fenced's
+/// parent through the group's members (a script's shell, `make`, `time`)
+/// to the first process outside the group.
+fn watched() -> bool {
+    use nix::unistd::{Pid, getpgid, getpgrp, getppid, getsid};
+    let (group, session) = (getpgrp(), getsid(None).ok());
+    let mut at = getppid();
+    for _ in 0..64 {
+        if at.as_raw() <= 1 {
+            return false;
+        }
+        match getpgid(Some(at)) {
+            Ok(g) if g == group => {}
+            Ok(_) => return getsid(Some(at)).ok() == session,
+            Err(_) => return false,
+        }
+        // The next parent up: field 4 of /proc/PID/stat, after the
+        // command's closing parenthesis.
+        let stat = std::fs::read_to_string(format!("/proc/{at}/stat")).unwrap_or_default();
+        let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+        else {
+            return false;
+        };
+        at = Pid::from_raw(ppid);
+    }
+    false
 }
 
 /// CMD must not outlive fenced: if fenced is killed (SIGKILL, OOM), nobody

@@ -412,6 +412,8 @@ fn run_from_a_terminal_lets_cmd_read_it_and_stops_with_it() {
     };
     let stopped = |why: &str| until(why, &|| state("sleep 31.5") == Some('T'));
     let running = |why: &str| until(why, &|| matches!(state("sleep 31.5"), Some('S' | 'R')));
+    // CMD is the `sleep` it execs, not the `sh` that echoed.
+    running("CMD never became sleep");
     tmux.keys(&["C-z"]);
     tmux.shows(&["Stopped"]);
     stopped("Ctrl-Z did not stop CMD");
@@ -424,7 +426,22 @@ fn run_from_a_terminal_lets_cmd_read_it_and_stops_with_it() {
     tmux.keys(&["bg", "Enter"]);
     running("bg did not continue CMD");
     tmux.keys(&["fg", "Enter"]);
-    std::thread::sleep(t.ms(200));
+    // Ctrl-Z once bash has given the terminal to fenced's job (field 8 of
+    // /proc/PID/stat is the terminal's foreground group): before that it
+    // would reach bash, which ignores it.
+    let shell: i32 = String::from_utf8_lossy(&tmux.run(&["display", "-p", "#{pane_pid}"]).stdout)
+        .trim()
+        .parse()
+        .expect("the pane's shell");
+    until("fg did not give fenced the terminal", &|| {
+        let stat = std::fs::read_to_string(format!("/proc/{shell}/stat")).unwrap_or_default();
+        let tpgid = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(5));
+        tpgid
+            .and_then(|g| g.parse::<i32>().ok())
+            .is_some_and(|g| g > 0 && g != shell)
+    });
     tmux.keys(&["C-z"]);
     stopped("Ctrl-Z after bg and fg did not stop CMD");
     tmux.keys(&["fg", "Enter"]);
@@ -459,6 +476,19 @@ fn run_from_a_terminal_lets_cmd_read_it_and_stops_with_it() {
     until("the piped run kept the lock", &|| {
         fenced(&url, &["status", "tty"]).status.code() == Some(1)
     });
+
+    // From a script: its shell is in fenced's group, and stops with it.
+    let run = format!("sh -c \"'{bin}' --backend '{url}' run tty -- sleep 31.5; echo rc:\\$?\"");
+    tmux.keys(&["clear", "Enter"]);
+    tmux.keys(&[&run, "Enter"]);
+    running("the script's CMD never ran");
+    tmux.keys(&["C-z"]);
+    tmux.shows(&["Stopped"]);
+    stopped("Ctrl-Z did not stop the script's CMD");
+    tmux.keys(&["fg", "Enter"]);
+    running("fg did not continue the script's CMD");
+    tmux.keys(&["C-c"]);
+    tmux.shows(&["rc:130"]);
 }
 
 /// `fenced unlock`: refused on a held lock without `--force`; with it, the
