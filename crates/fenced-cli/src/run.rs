@@ -464,7 +464,7 @@ where
 /// fenced's process group.
 fn in_foreground() -> bool {
     let stdin = std::io::stdin();
-    nix::unistd::isatty(&stdin).unwrap_or(false)
+    std::io::IsTerminal::is_terminal(&stdin)
         && nix::unistd::tcgetpgrp(&stdin).is_ok_and(|g| g == nix::unistd::getpgrp())
 }
 
