@@ -457,18 +457,25 @@ fn run_from_a_terminal_lets_cmd_read_it_and_stops_with_it() {
         "the lock is free again: {out:?}"
     );
 
+    // Runs `command` as a new job, stops it with Ctrl-Z, brings it back
+    // with `fg`, and ends it with Ctrl-C.
+    let stop_and_go = |command: &str, job: &str| {
+        tmux.keys(&["clear", "Enter"]);
+        tmux.keys(&[command, "Enter"]);
+        running(&format!("the {job} CMD never ran"));
+        tmux.keys(&["C-z"]);
+        tmux.shows(&["Stopped"]);
+        stopped(&format!("Ctrl-Z did not stop the {job} CMD"));
+        tmux.keys(&["fg", "Enter"]);
+        running(&format!("fg did not continue the {job} CMD"));
+        tmux.keys(&["C-c"]);
+    };
     // In a pipeline, the job is fenced and `cat`: Ctrl-Z stops them all,
     // or the shell would never see the job stopped.
-    let run = format!("'{bin}' --backend '{url}' run tty -- sleep 31.5 | cat");
-    tmux.keys(&["clear", "Enter"]);
-    tmux.keys(&[&run, "Enter"]);
-    running("the piped CMD never ran");
-    tmux.keys(&["C-z"]);
-    tmux.shows(&["Stopped"]);
-    stopped("Ctrl-Z did not stop the piped CMD");
-    tmux.keys(&["fg", "Enter"]);
-    running("fg did not continue the piped CMD");
-    tmux.keys(&["C-c"]);
+    stop_and_go(
+        &format!("'{bin}' --backend '{url}' run tty -- sleep 31.5 | cat"),
+        "piped",
+    );
     until("Ctrl-C did not end the piped CMD", &|| {
         state("sleep 31.5").is_none()
     });
@@ -476,18 +483,11 @@ fn run_from_a_terminal_lets_cmd_read_it_and_stops_with_it() {
     until("the piped run kept the lock", &|| {
         fenced(&url, &["status", "tty"]).status.code() == Some(1)
     });
-
     // From a script: its shell is in fenced's group, and stops with it.
-    let run = format!("sh -c \"'{bin}' --backend '{url}' run tty -- sleep 31.5; echo rc:\\$?\"");
-    tmux.keys(&["clear", "Enter"]);
-    tmux.keys(&[&run, "Enter"]);
-    running("the script's CMD never ran");
-    tmux.keys(&["C-z"]);
-    tmux.shows(&["Stopped"]);
-    stopped("Ctrl-Z did not stop the script's CMD");
-    tmux.keys(&["fg", "Enter"]);
-    running("fg did not continue the script's CMD");
-    tmux.keys(&["C-c"]);
+    stop_and_go(
+        &format!("sh -c \"'{bin}' --backend '{url}' run tty -- sleep 31.5; echo rc:\\$?\""),
+        "script's",
+    );
     tmux.shows(&["rc:130"]);
 }
 
