@@ -1344,9 +1344,11 @@ fn print_report(
     }
 }
 
-/// The reports of several runs (JSON lines) as one Markdown table, then
-/// each topology's totals: its runs, its critical sections over all of
-/// them (the long profile's measure), and how many runs passed.
+/// The reports of several runs (JSON lines) as one Markdown table, each
+/// topology's rows together (a resumed long run appends a topology's
+/// missing runs at the end), then each topology's totals: its runs, its
+/// critical sections over all of them (the long profile's measure), and
+/// how many runs passed.
 fn markdown_table(jsonl: &str) -> anyhow::Result<String> {
     let mut out = String::from(
         "| topology | faults (injected) | holds | overlaps (ms) | stale writes refused | \
@@ -1354,8 +1356,9 @@ fn markdown_table(jsonl: &str) -> anyhow::Result<String> {
          recovery max / bound | orphans | claims | verdict |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    // (topology, runs, holds, runs passed), in the order first seen.
-    let mut totals: Vec<(String, u64, u64, u64)> = Vec::new();
+    // Per topology, in the order first seen: its name, runs, holds, runs
+    // passed, and its rows.
+    let mut totals: Vec<(String, u64, u64, u64, String)> = Vec::new();
     for (i, line) in jsonl
         .lines()
         .enumerate()
@@ -1368,7 +1371,7 @@ fn markdown_table(jsonl: &str) -> anyhow::Result<String> {
         let at = match totals.iter().position(|t| t.0 == name) {
             Some(at) => at,
             None => {
-                totals.push((name, 0, 0, 0));
+                totals.push((name, 0, 0, 0, String::new()));
                 totals.len() - 1
             }
         };
@@ -1411,7 +1414,7 @@ fn markdown_table(jsonl: &str) -> anyhow::Result<String> {
                 ""
             }
         );
-        out += &format!(
+        totals[at].4 += &format!(
             "| {} | {} | {} | {} ({:.0}) | {} | {} | {} | {} | {} ({}) | {} / {} ms | {} | {} | {} |\n",
             topology,
             if injected.is_empty() {
@@ -1443,8 +1446,11 @@ fn markdown_table(jsonl: &str) -> anyhow::Result<String> {
             },
         );
     }
+    for t in &totals {
+        out += &t.4;
+    }
     out += "\n| topology | runs | critical sections | runs passed |\n|---|---|---|---|\n";
-    for (name, runs, holds, passed) in totals {
+    for (name, runs, holds, passed, _) in totals {
         out += &format!("| {name} | {runs} | {holds} | {passed} |\n");
     }
     Ok(out)
@@ -1483,6 +1489,11 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("| etcd | kill ×2 | 5 |") && table.contains("**BROKEN**"));
+        // The second redis run comes before etcd's, beside the first.
+        assert!(
+            table.find("| redis (defaults)").unwrap() < table.find("| etcd |").unwrap(),
+            "{table}"
+        );
         assert!(
             table.ends_with("| redis | 2 | 1000 | 2 |\n| etcd | 1 | 5 | 0 |\n"),
             "{table}"
