@@ -265,7 +265,13 @@ impl Wakeups {
     /// ([`Interest::set_ticket`]). The others stay asleep: a release that
     /// only the head can use wakes only the head.
     #[cfg_attr(
-        not(any(feature = "redis", feature = "zookeeper", feature = "etcd")),
+        not(any(
+            feature = "redis",
+            feature = "zookeeper",
+            feature = "etcd",
+            feature = "postgres",
+            feature = "mysql"
+        )),
         allow(dead_code)
     )]
     pub(crate) fn wake_ticket(&self, name: &str, ticket: Ticket) {

@@ -304,3 +304,54 @@ async fn tables_of_an_older_fenced_gain_the_holder_column() {
     assert_eq!(who.expect("a holder recorded").pid, std::process::id());
     assert!(g.release().await.unwrap());
 }
+
+/// A release that a queued waiter can use names the queue's head first
+/// (`\x02<ticket>:<name>`, so only the head's process looks), then the
+/// bare name, in one transaction: a client of an older fenced listens for
+/// the bare name alone and must still hear it. Unfair waiters queue too,
+/// so status counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_names_the_head_then_the_bare_name() {
+    let t = Timing::default();
+    let server = PgServer::start();
+    let (a, b) = fenced_testkit::two_clients(&server.url()).await;
+    let name = unique("herd");
+    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = b.mutex(&name).unwrap();
+        async move { m.acquire().await }
+    });
+    t.wait_until("the unfair waiter takes a queue place", || async {
+        a.status(&name).await.unwrap().waiters == 1
+    })
+    .await;
+    let mut listener = sqlx::postgres::PgListener::connect(&server.url())
+        .await
+        .unwrap();
+    listener.listen("fenced_wake").await.unwrap();
+    assert!(g.release().await.unwrap());
+    let mut heard = Vec::new();
+    while heard.len() < 2 {
+        let n = tokio::time::timeout(t.eventually(), listener.recv())
+            .await
+            .expect("the release's notifications")
+            .unwrap();
+        heard.push((n.process_id(), n.payload().to_owned()));
+    }
+    let (head, bare) = (&heard[0], &heard[1]);
+    let ticket = head
+        .1
+        .strip_prefix('\u{2}')
+        .and_then(|p| p.strip_suffix(&format!(":{name}")))
+        .unwrap_or_else(|| panic!("the head first: {heard:?}"));
+    assert!(ticket.parse::<i64>().unwrap() > 0, "{heard:?}");
+    assert_eq!(bare.1, name, "then the bare name: {heard:?}");
+    assert_eq!(head.0, bare.0, "from one transaction: {heard:?}");
+    let g = tokio::time::timeout(t.eventually(), waiter)
+        .await
+        .expect("the head is woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status(&name).await.unwrap().waiters, 0, "its place withdrawn");
+    assert!(g.release().await.unwrap());
+}

@@ -14,8 +14,9 @@ impl MySqlBackend {
             }
             Ok(o)
         };
-        let fast = crate::backend::sql::call_try_grant(&self.pool, TRY_GRANT, req, ms(req.lease));
-        crate::backend::sql::attempt(&self.fast, req, fast, tx, is_conflict, gone)
+        let fast =
+            crate::backend::sql::call_try_grant(&self.pool, TRY_GRANT, req, ms(req.lease), None);
+        crate::backend::sql::attempt(&self.fast, req, fast, tx, is_conflict, gone, false)
             .await
             .map_err(|e| self.db(e))
     }

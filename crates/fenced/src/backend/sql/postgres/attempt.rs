@@ -8,9 +8,14 @@ impl PgBackend {
         // Dropped since we opened: go on without it.
         let gone = |e: &sqlx::Error| has_state(e, &["42883"]);
         let tx = || self.attempt_tx(req);
-        let fast =
-            crate::backend::sql::call_try_grant(&self.pool, TRY_GRANT, req, ms(req.lease) as f64);
-        crate::backend::sql::attempt(&self.fast, req, fast, tx, is_conflict, gone)
+        let fast = crate::backend::sql::call_try_grant(
+            &self.pool,
+            TRY_GRANT,
+            req,
+            ms(req.lease) as f64,
+            Some(TRY_GRANT_TICKETED),
+        );
+        crate::backend::sql::attempt(&self.fast, req, fast, tx, is_conflict, gone, true)
             .await
             .map_err(|e| self.db(e))
     }
@@ -40,23 +45,30 @@ impl PgBackend {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         if let Some(token) = stands(req, &holds) {
             if changed {
-                sqlx::query(NOTIFY).bind(name).fetch_one(&mut *c).await?;
+                notify_head(c, name, req.ticket).await?;
             }
             tx.commit().await?;
             return Ok(Outcome::granted(token));
         }
-        let (mine, ahead) = if req.fair || req.ticket.is_some() {
-            let q = sqlx::query(QUEUE)
-                .bind(name)
-                .bind(req.ticket.unwrap_or(i64::MAX))
-                .fetch_one(&mut *c)
-                .await?;
-            let mine = q.try_get::<bool, _>("mine")?.then_some(()).and(req.ticket);
-            (mine, q.try_get::<bool, _>("ahead")?)
-        } else {
-            (None, false)
+        let q = sqlx::query(QUEUE)
+            .bind(name)
+            .bind(req.ticket.unwrap_or(i64::MAX))
+            .fetch_one(&mut *c)
+            .await?;
+        let mine = q.try_get::<bool, _>("mine")?.then_some(()).and(req.ticket);
+        let ahead = q.try_get::<bool, _>("ahead")?;
+        // Another's hand-over stands: an unfair request that would be a
+        // new owner waits it out (one nesting into its own hold need not).
+        let handoff = q
+            .try_get::<Option<i64>, _>("handoff_ms")?
+            .filter(|_| !req.fair && !holds.iter().any(|h| h.owner == req.owner_key));
+        let decision = match (decide(req, &holds, ahead), handoff) {
+            (Decision::Grant, Some(left)) => Decision::Wait {
+                retry_after: Some(Duration::from_millis(left.max(1) as u64)),
+            },
+            (d, _) => d,
         };
-        let outcome = match decide(req, &holds, ahead) {
+        let outcome = match decision {
             Decision::Refuse(why) => Outcome::Refused(why),
             Decision::Grant => {
                 let token = (last.saturating_add(1)).max(now_us);
@@ -71,14 +83,19 @@ impl PgBackend {
                 .await?;
                 if let Some(t) = mine {
                     sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
-                    // The next fair waiter may go too (readers in a row).
-                    changed |= req.fair;
+                    // The next in line may go too: readers in a row, or
+                    // permits to spare. Past an exclusive grant, the next
+                    // fair waiter learns it is now the head.
+                    changed |= req.fair || req.mode != crate::spi::Mode::Exclusive;
                 }
                 Outcome::granted(token as u64)
             }
             Decision::Wait { retry_after } => {
                 let ttl = ms(QUEUE_TTL) as f64;
-                let ticket = match (mine, req.fair && req.will_wait) {
+                // Unfair waiters queue too (they are never in anyone's
+                // way: only fair places are), so that a release wakes the
+                // head's process alone, not every process that waits.
+                let ticket = match (mine, req.will_wait) {
                     (Some(t), _) => {
                         sqlx::query(REFRESH_TICKET)
                             .bind(t)
@@ -105,9 +122,27 @@ impl PgBackend {
             }
         };
         if changed {
-            sqlx::query(NOTIFY).bind(name).fetch_one(&mut *c).await?;
+            let own = match &outcome {
+                Outcome::Busy(b) => b.ticket,
+                _ => None,
+            };
+            notify_head(c, name, own).await?;
         }
         tx.commit().await?;
         Ok(outcome)
     }
+}
+
+/// [`NOTIFY_HEAD`] for `name`, passing over the caller's own place.
+async fn notify_head(
+    c: &mut PgConnection,
+    name: &str,
+    own: Option<i64>,
+) -> std::result::Result<(), sqlx::Error> {
+    sqlx::query(NOTIFY_HEAD)
+        .bind(name)
+        .bind(own.unwrap_or(-1))
+        .fetch_one(c)
+        .await
+        .map(drop)
 }

@@ -22,7 +22,13 @@
 //!
 //! Every change `NOTIFY`s channel `fenced_wake` with the lock name (sent at
 //! commit); each client `LISTEN`s on one connection and wakes its waiters
-//! of that name. A holder that dies sends nothing, so waiters also look
+//! of that name. Waiters fair or not take a place in `fenced_waiters`, and
+//! a change a waiter may use names the queue's head first
+//! (`\x02<ticket>:<name>`), so only the head's process looks: without it,
+//! each release woke a waiter in every waiting process, and all but one
+//! asked in vain (S2 in `docs/benchmarks.md`). The bare name follows for
+//! clients that do not read heads, and a client that does skips it
+//! ([`Heard`]). A holder that dies sends nothing, so waiters also look
 //! again when the first lease in their way ends.
 
 use crate::backend::sql::{SqlUrl, hold_row, ms, waiters_and_token};
@@ -229,18 +235,67 @@ impl PgBackend {
     }
 }
 
+/// The queue head a notification names (`\x02<ticket>:<name>`), if it
+/// names one. A control character starts no lock name.
+fn head_of(payload: &str) -> Option<(i64, &str)> {
+    let (ticket, name) = payload.strip_prefix('\u{2}')?.split_once(':')?;
+    Some((ticket.parse().ok().filter(|t| *t > 0)?, name))
+}
+
+/// What one notification asks of this client's waiters.
+#[derive(Debug, PartialEq, Eq)]
+enum Heard<'a> {
+    /// The head of `name`'s queue may go: wake it alone.
+    Head(&'a str, i64),
+    /// Something changed: wake the waiters of this name.
+    Name(&'a str),
+    /// The bare name that follows a head, for older clients: the head
+    /// was woken already, and no one else need look.
+    Skip,
+}
+
+/// Reads notifications in the order they come: a head, then the same
+/// name from the same server process (one transaction's two, which reach
+/// a listener together and in order), is one wake-up.
+#[derive(Default)]
+struct Notices {
+    /// The last notification's head, and the server process that sent it.
+    after_head: Option<(u32, String)>,
+}
+
+impl Notices {
+    fn read<'a>(&mut self, pid: u32, payload: &'a str) -> Heard<'a> {
+        let before = self.after_head.take();
+        if let Some((ticket, name)) = head_of(payload) {
+            self.after_head = Some((pid, name.to_owned()));
+            return Heard::Head(name, ticket);
+        }
+        match before {
+            Some((p, name)) if p == pid && name == payload => Heard::Skip,
+            _ => Heard::Name(payload),
+        }
+    }
+}
+
 /// Turns notifications into wake-ups; after a lost connection (sqlx's
 /// listener reconnects on its own) every waiter looks again.
 async fn listen(mut listener: PgListener, wakeups: Arc<Wakeups>) {
+    let mut notices = Notices::default();
     loop {
         match listener.try_recv().await {
-            Ok(Some(n)) => wakeups.wake(n.payload()),
+            Ok(Some(n)) => match notices.read(n.process_id(), n.payload()) {
+                Heard::Head(name, ticket) => wakeups.wake_ticket(name, ticket),
+                Heard::Name(name) => wakeups.wake(name),
+                Heard::Skip => {}
+            },
             Ok(None) => {
+                notices = Notices::default();
                 tracing::debug!("PostgreSQL listener reconnected; waiters will look again");
                 wakeups.wake_each();
             }
             Err(e) => {
                 tracing::debug!(error = %e, "PostgreSQL listener failed; retrying");
+                notices = Notices::default();
                 wakeups.wake_each();
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -397,5 +452,31 @@ async fn has_holder_column(c: &mut sqlx::PgConnection, label: &str) -> Result<bo
             );
             Ok(false)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Heard, Notices, head_of};
+
+    #[test]
+    fn a_head_and_its_bare_name_are_one_wake_up() {
+        assert_eq!(head_of("\u{2}42:orders:7"), Some((42, "orders:7")));
+        assert_eq!(head_of("orders"), None);
+        assert_eq!(head_of("\u{2}x:orders"), None);
+        assert_eq!(head_of("\u{2}0:orders"), None);
+        let mut n = Notices::default();
+        assert_eq!(n.read(7, "\u{2}42:a"), Heard::Head("a", 42));
+        assert_eq!(n.read(7, "a"), Heard::Skip);
+        // Only the one right after the head is its pair.
+        assert_eq!(n.read(7, "a"), Heard::Name("a"));
+        // An older client's release sends the bare name alone.
+        assert_eq!(n.read(8, "a"), Heard::Name("a"));
+        // Another process's, or another name's, is not the pair.
+        assert_eq!(n.read(7, "\u{2}43:a"), Heard::Head("a", 43));
+        assert_eq!(n.read(9, "a"), Heard::Name("a"));
+        assert_eq!(n.read(7, "\u{2}44:a"), Heard::Head("a", 44));
+        assert_eq!(n.read(7, "b"), Heard::Name("b"));
+        assert_eq!(n.read(7, "\u{1}register"), Heard::Name("\u{1}register"));
     }
 }
