@@ -9,9 +9,10 @@
 //! is next in a wait queue (Redis publishes the head's ticket, a ZooKeeper
 //! or etcd waiter watches its own predecessor) wakes that waiter alone with
 //! [`Wakeups::wake_ticket`]. A waiter whose attempt is still on its way
-//! when such a message comes does not know its ticket yet: the slot
-//! remembers the tickets it heard, and the waiter wakes when it learns its
-//! ticket only if that ticket was among them.
+//! when such a message comes does not know its ticket yet (its first, or
+//! a new one if its place ended meanwhile): the slot remembers the tickets
+//! it heard, and the waiter wakes when it learns its ticket only if that
+//! ticket was among them.
 //!
 //! A release that only one waiter can use (a mutex's, a write lock's, a
 //! permit's) wakes one of a client's waiters, not all: a thousand tasks of
@@ -150,18 +151,23 @@ struct Slot {
     /// When its task last showed it was polled (an attempt begun, a
     /// fallback period over). Changed under the names lock.
     heard_from: Mutex<Instant>,
-    /// Head tickets announced while `ticket` was 0. Both are changed under
-    /// this lock, so a message is either heard here or matched against
-    /// the ticket, never neither.
+    /// Head tickets announced while `ticket` was 0 or an attempt was on
+    /// its way. Both are changed under this lock, so a message is either
+    /// heard here or matched against the ticket, never neither.
     heard: Mutex<Heard>,
 }
 
-/// What a waiter without a ticket heard (bounded: past [`HEARD_MAX`]
-/// tickets it just wakes).
+/// What a waiter heard while it did not know its ticket (bounded: past
+/// [`HEARD_MAX`] tickets it just wakes).
 #[derive(Default)]
 struct Heard {
     tickets: Vec<Ticket>,
     overflow: bool,
+    /// An attempt is on its way ([`Interest::begin`] to
+    /// [`Interest::set_ticket`]): it may come back with another ticket
+    /// than the one the slot has, so the tickets announced meanwhile are
+    /// kept.
+    in_flight: bool,
 }
 
 const HEARD_MAX: usize = 16;
@@ -291,7 +297,7 @@ impl Wakeups {
                 } else {
                     slot.wake();
                 }
-            } else if t == 0 {
+            } else if t == 0 || heard.in_flight {
                 if heard.tickets.len() < HEARD_MAX {
                     heard.tickets.push(ticket);
                 } else {
@@ -384,6 +390,7 @@ impl Interest {
     /// a call this waiter had is answered by that attempt.
     pub(crate) fn begin(&self) -> u64 {
         let _names = unpoisoned(&self.owner.names);
+        self.slot.heard().in_flight = true;
         self.slot.called.store(false, Ordering::Release);
         self.slot.polled(Instant::now());
         self.rx.get()
@@ -566,6 +573,27 @@ mod tests {
             before,
             "a waiter without a ticket wakes at every call"
         );
+    }
+
+    /// A waiter whose place ended while it slept comes back from its
+    /// next attempt with a new ticket; a call for that ticket that came
+    /// while the attempt was on its way still wakes it.
+    #[test]
+    fn a_waiter_whose_ticket_changes_in_flight_hears_its_new_call() {
+        let w = Arc::new(Wakeups::default());
+        let i = w.interest("a", Wake::Every);
+        i.begin();
+        i.set_ticket(Some(7));
+        let seen = i.begin();
+        w.wake_ticket("a", 9);
+        assert!(!woken(&i, seen), "9 is not its ticket yet");
+        i.set_ticket(Some(9));
+        assert!(woken(&i, seen), "its new ticket was called on the way");
+        // Once it is back, calls for other tickets pass it by again.
+        let seen = i.rx.get();
+        w.wake_ticket("a", 11);
+        i.set_ticket(Some(11));
+        assert!(!woken(&i, seen), "11 was called after 9 was known");
     }
 
     /// Whether `i` was woken since `seen`, without waiting.

@@ -352,6 +352,10 @@ async fn a_release_names_the_head_then_the_bare_name() {
         .expect("the head is woken")
         .unwrap()
         .unwrap();
-    assert_eq!(a.status(&name).await.unwrap().waiters, 0, "its place withdrawn");
+    assert_eq!(
+        a.status(&name).await.unwrap().waiters,
+        0,
+        "its place withdrawn"
+    );
     assert!(g.release().await.unwrap());
 }

@@ -15,7 +15,11 @@ impl PgBackend {
             ms(req.lease) as f64,
             Some(TRY_GRANT_TICKETED),
         );
-        crate::backend::sql::attempt(&self.fast, req, fast, tx, is_conflict, gone, true)
+        // A queued waiter takes the one call only for an exclusive hold:
+        // a shared or permit grant must wake the waiters behind it, which
+        // the call does not.
+        let exclusive = req.mode == crate::spi::Mode::Exclusive;
+        crate::backend::sql::attempt(&self.fast, req, fast, tx, is_conflict, gone, exclusive)
             .await
             .map_err(|e| self.db(e))
     }
@@ -34,7 +38,10 @@ impl PgBackend {
         let last: i64 = row.try_get("token")?;
         let now_us: i64 = row.try_get("now_us")?;
         let purged = sqlx::query(PURGE).bind(name).fetch_one(&mut *c).await?;
-        let mut changed = purged.try_get::<i64, _>("holds")? > 0;
+        let changed = purged.try_get::<i64, _>("holds")? > 0;
+        // A grant that others may share: every waiter looks (the bare
+        // name), not the head alone.
+        let mut shared = false;
         let rows = sqlx::query(SELECT_HOLDS)
             .bind(name)
             .fetch_all(&mut *c)
@@ -84,9 +91,8 @@ impl PgBackend {
                 if let Some(t) = mine {
                     sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
                     // The next in line may go too: readers in a row, or
-                    // permits to spare. Past an exclusive grant, the next
-                    // fair waiter learns it is now the head.
-                    changed |= req.fair || req.mode != crate::spi::Mode::Exclusive;
+                    // permits to spare.
+                    shared = req.fair || req.mode != crate::spi::Mode::Exclusive;
                 }
                 Outcome::granted(token as u64)
             }
@@ -121,7 +127,9 @@ impl PgBackend {
                 })
             }
         };
-        if changed {
+        if shared {
+            sqlx::query(NOTIFY).bind(name).fetch_one(&mut *c).await?;
+        } else if changed {
             let own = match &outcome {
                 Outcome::Busy(b) => b.ticket,
                 _ => None,

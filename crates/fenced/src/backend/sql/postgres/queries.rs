@@ -166,8 +166,9 @@ pub(crate) async fn prepare(
 /// already running, took the lock again before the head's call came, as
 /// often as not (one process held it 298 times in a row in S2 on a busy
 /// host). The head's place ends with the moment unless its call renews or
-/// withdraws it, so a head that died costs one such moment, not one per
-/// release. A literal, for the statements' `concat!`.
+/// withdraws it: a head that died holds the others up until they look
+/// again on their own (at most `MAX_FALLBACK`, 2 s), once, since the next
+/// change names the next place. A literal, for the statements' `concat!`.
 macro_rules! handoff {
     () => {
         "interval '20 milliseconds'"
@@ -299,36 +300,30 @@ pub(super) const RELEASE: &str = concat!(
 /// A withdrawal (the queue place $2, the hold $3, of lock $1), and
 /// [`NOTIFY_HEAD`]'s notifications if it took anything away. The
 /// statement's snapshot still shows the place it deletes, so the head is
-/// looked for past it.
-pub(super) const ABANDON: &str = concat!(
-    "WITH w AS (DELETE FROM fenced_waiters WHERE ticket = $2 RETURNING 1),
+/// looked for past it. It starts no hand-over: two front waiters
+/// withdrawing at once would each delete its own place and cut the
+/// other's, row locks taken in opposite orders (a deadlock).
+pub(super) const ABANDON: &str = "WITH w AS (DELETE FROM fenced_waiters WHERE ticket = $2 RETURNING 1),
     h AS (DELETE FROM fenced_holds WHERE hold_id = $3 RETURNING 1),
     go AS (SELECT 1 WHERE EXISTS (SELECT 1 FROM w) OR EXISTS (SELECT 1 FROM h)),
     hd AS (SELECT ticket FROM fenced_waiters
         WHERE name = $1 AND ticket <> $2 AND expires_at > clock_timestamp()
             AND EXISTS (SELECT 1 FROM go)
-        ORDER BY ticket LIMIT 1),
-    ",
-    call!("hd"),
-    "
+        ORDER BY ticket LIMIT 1)
     SELECT (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', chr(2) || ticket || ':' || $1) FROM hd) AS a)
-        + (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', $1) FROM go) AS b) AS notified"
-);
+        + (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', $1) FROM go) AS b) AS notified";
 pub(super) const STATUS_WAITERS: &str = "SELECT
     (SELECT count(*) FROM fenced_waiters WHERE name = $1 AND expires_at > clock_timestamp()) AS waiters,
     COALESCE((SELECT token FROM fenced_locks WHERE name = $1), 0) AS token";
-/// Every hold of $1 deleted, and [`NOTIFY_HEAD`]'s notifications.
-pub(super) const FORCE: &str = concat!(
-    "WITH d AS (DELETE FROM fenced_holds WHERE name = $1 RETURNING 1),
+/// Every hold of $1 deleted, and [`NOTIFY_HEAD`]'s notifications (no
+/// hand-over: an operator's unlock need not keep the lock for anyone, and
+/// its row locks then cannot cross a release's).
+pub(super) const FORCE: &str = "WITH d AS (DELETE FROM fenced_holds WHERE name = $1 RETURNING 1),
     hd AS (SELECT ticket FROM fenced_waiters
-        WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY ticket LIMIT 1),
-    ",
-    call!("hd"),
-    "
+        WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY ticket LIMIT 1)
     SELECT (SELECT count(*) FROM d) AS n,
         (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', chr(2) || ticket || ':' || $1) FROM hd) AS a)
-        + (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', $1)) AS b) AS notified"
-);
+        + (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', $1)) AS b) AS notified";
 pub(super) const REGISTER_DELETE: &str = "DELETE FROM fenced_registers WHERE name = $1";
 pub(super) const REGISTER_READ: &str = "SELECT value, fence FROM fenced_registers WHERE name = $1";
 /// The register's writes (see [`RegisterSql`](super::super::RegisterSql)).
