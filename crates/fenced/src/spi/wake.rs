@@ -418,13 +418,16 @@ impl Interest {
     pub(crate) fn set_ticket(&self, ticket: Option<Ticket>) {
         let t = ticket.filter(|t| *t > 0).unwrap_or(-1);
         let mut heard = self.slot.heard();
-        self.slot.ticket.store(t, Ordering::Release);
-        let missed = heard.overflow
-            || if t < 0 {
-                !heard.tickets.is_empty()
-            } else {
-                heard.tickets.contains(&t)
-            };
+        // A call for a ticket it kept found it by that ticket already.
+        let before = self.slot.ticket.swap(t, Ordering::AcqRel);
+        let kept = t > 0 && before == t;
+        let missed = !kept
+            && (heard.overflow
+                || if t < 0 {
+                    !heard.tickets.is_empty()
+                } else {
+                    heard.tickets.contains(&t)
+                });
         *heard = Heard::default();
         if missed {
             self.slot.wake();
@@ -589,6 +592,14 @@ mod tests {
         assert!(!woken(&i, seen), "9 is not its ticket yet");
         i.set_ticket(Some(9));
         assert!(woken(&i, seen), "its new ticket was called on the way");
+        // Past the bound of calls heard on the way, it wakes, unless it
+        // kept its ticket (a call for that found it directly).
+        let seen = i.begin();
+        for t in 0..HEARD_MAX as i64 + 1 {
+            w.wake_ticket("a", 100 + t);
+        }
+        i.set_ticket(Some(9));
+        assert!(!woken(&i, seen), "its ticket was never called");
         // Once it is back, calls for other tickets pass it by again.
         let seen = i.rx.get();
         w.wake_ticket("a", 11);

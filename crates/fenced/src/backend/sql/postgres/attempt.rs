@@ -39,9 +39,6 @@ impl PgBackend {
         let now_us: i64 = row.try_get("now_us")?;
         let purged = sqlx::query(PURGE).bind(name).fetch_one(&mut *c).await?;
         let changed = purged.try_get::<i64, _>("holds")? > 0;
-        // A grant that others may share: every waiter looks (the bare
-        // name), not the head alone.
-        let mut shared = false;
         let rows = sqlx::query(SELECT_HOLDS)
             .bind(name)
             .fetch_all(&mut *c)
@@ -51,11 +48,10 @@ impl PgBackend {
             .map(|r| hold_row(r, None))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         if let Some(token) = stands(req, &holds) {
-            if changed {
-                notify_head(c, name, req.ticket).await?;
-            }
+            let outcome = Outcome::granted(token);
+            tell(c, name, req, &outcome, changed).await?;
             tx.commit().await?;
-            return Ok(Outcome::granted(token));
+            return Ok(outcome);
         }
         let q = sqlx::query(QUEUE)
             .bind(name)
@@ -90,9 +86,6 @@ impl PgBackend {
                 .await?;
                 if let Some(t) = mine {
                     sqlx::query(DELETE_TICKET).bind(t).execute(&mut *c).await?;
-                    // The next in line may go too: readers in a row, or
-                    // permits to spare.
-                    shared = req.fair || req.mode != crate::spi::Mode::Exclusive;
                 }
                 Outcome::granted(token as u64)
             }
@@ -127,17 +120,38 @@ impl PgBackend {
                 })
             }
         };
-        if shared {
-            sqlx::query(NOTIFY).bind(name).fetch_one(&mut *c).await?;
-        } else if changed {
-            let own = match &outcome {
-                Outcome::Busy(b) => b.ticket,
-                _ => None,
-            };
-            notify_head(c, name, own).await?;
-        }
+        tell(c, name, req, &outcome, changed).await?;
         tx.commit().await?;
         Ok(outcome)
+    }
+}
+
+/// What an attempt's transaction tells the other waiters, given whether
+/// it purged expired holds (`changed`):
+/// - an exclusive grant, nothing: no one else can go;
+/// - a grant others may share (readers in a row, permits to spare), after
+///   a queued wait or a purge, the bare name: every waiter looks, since
+///   more than the head may get in (the place it held may even have
+///   expired during a slow call, which is why the request's ticket, not
+///   the place found, decides);
+/// - no grant after a purge, the head ([`NOTIFY_HEAD`]), passing over the
+///   caller's own place.
+async fn tell(
+    c: &mut PgConnection,
+    name: &str,
+    req: &Attempt,
+    outcome: &Outcome,
+    changed: bool,
+) -> std::result::Result<(), sqlx::Error> {
+    match outcome {
+        Outcome::Granted { .. } if req.mode == crate::spi::Mode::Exclusive => Ok(()),
+        Outcome::Granted { .. } if changed || req.ticket.is_some() => {
+            sqlx::query(NOTIFY).bind(name).fetch_one(c).await.map(drop)
+        }
+        Outcome::Granted { .. } => Ok(()),
+        Outcome::Busy(b) if changed => notify_head(c, name, b.ticket).await,
+        _ if changed => notify_head(c, name, None).await,
+        _ => Ok(()),
     }
 }
 

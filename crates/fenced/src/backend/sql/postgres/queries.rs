@@ -283,12 +283,16 @@ pub(super) const RENEW: &str = "UPDATE fenced_holds h
     FROM unnest($1::text[], $2::bigint[]) AS v(id, ms)
     WHERE h.hold_id = v.id AND h.expires_at > clock_timestamp()
     RETURNING h.hold_id";
-/// A release, and [`NOTIFY_HEAD`]'s two notifications for its lock.
+/// A release, and [`NOTIFY_HEAD`]'s two notifications for its lock. Only
+/// an exclusive hold's release names the head: it frees the whole lock.
+/// A read or permit hold's frees a part that the head may not fit in and
+/// another waiter may, so every waiter looks (the bare name alone).
 pub(super) const RELEASE: &str = concat!(
     "WITH d AS (DELETE FROM fenced_holds WHERE hold_id = $1
-        RETURNING name, expires_at > clock_timestamp() AS live),
+        RETURNING name, mode, expires_at > clock_timestamp() AS live),
     h AS (SELECT w.ticket, d.name FROM d, LATERAL (SELECT ticket FROM fenced_waiters
-        WHERE name = d.name AND expires_at > clock_timestamp() ORDER BY ticket LIMIT 1) AS w),
+        WHERE name = d.name AND expires_at > clock_timestamp() ORDER BY ticket LIMIT 1) AS w
+        WHERE d.mode = 0),
     ",
     call!("h"),
     "
