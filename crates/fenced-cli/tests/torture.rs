@@ -231,6 +231,17 @@ fn torture(topology: Topology) {
         assert_teeth(topology, &loose, &r);
     }
     // The short profile's floor (the long one's is 100,000: scripts/torture-long).
+    // A loaded host serves fewer in the fault runs' fixed time, so, as the
+    // long profile does, contention alone makes up the rest: the floor is
+    // about what was checked, not about speed. Bounded: three such runs.
+    for _ in 0..3 {
+        if sections >= 1000 {
+            break;
+        }
+        let r = run(topology, &[]);
+        assert_eq!(r["findings"]["overlaps"], 0, "{r}");
+        sections += r["findings"]["holds"].as_i64().unwrap_or(0);
+    }
     assert!(
         sections >= 1000,
         "{}: {sections} critical sections in the short profile, fewer than 1,000",
