@@ -175,6 +175,41 @@ macro_rules! handoff {
     };
 }
 
+/// The condition on a `fenced_waiters` row that its hand-over
+/// ([`handoff!`]) stands: an unfair place whose expiry a change cut to
+/// the moment, not yet past.
+macro_rules! handing_over {
+    () => {
+        concat!(
+            "NOT fair AND expires_at > clock_timestamp() AND expires_at <= clock_timestamp() + ",
+            handoff!()
+        )
+    };
+}
+
+/// The two notifications of a change the head of lock `$name` may use,
+/// as one count: the head (`\x02<ticket>:<name>`, from relation `$head`
+/// with a column `ticket`, none if it is empty), then the bare name (one
+/// per row of `$rows`, or one if `$rows` is empty text), for clients that
+/// do not read heads. They are added in this order, by the order `+`
+/// evaluates its arguments, and a transaction's notifications reach every
+/// listener together and in order.
+macro_rules! notify_pair {
+    ($head:literal, $name:literal, $rows:literal) => {
+        concat!(
+            "(SELECT count(*) FROM (SELECT pg_notify('fenced_wake', chr(2) || ticket || ':' || ",
+            $name,
+            ") FROM ",
+            $head,
+            ") AS a) + (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', ",
+            $name,
+            ")",
+            $rows,
+            ") AS b)"
+        )
+    };
+}
+
 /// The `NOTIFY` channel.
 pub(super) const CHANNEL: &str = "fenced_wake";
 /// Serialises schema creation between processes.
@@ -188,10 +223,8 @@ pub(super) const NEXT_TOKEN: &str = "INSERT INTO fenced_locks (name, token)
 /// The one-call grant, not called while another's hand-over stands
 /// ([`handoff!`]).
 pub(super) const TRY_GRANT: &str = concat!(
-    "SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM fenced_waiters
-        WHERE name = $1 AND NOT fair AND expires_at > clock_timestamp()
-        AND expires_at <= clock_timestamp() + ",
-    handoff!(),
+    "SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM fenced_waiters WHERE name = $1 AND ",
+    handing_over!(),
     ") THEN fenced_try_grant2($1, $2, $3, $4, $5, $6, $7, $8) END"
 );
 /// [`TRY_GRANT`] for a queued caller (an unfair waiter, woken as the
@@ -199,9 +232,8 @@ pub(super) const TRY_GRANT: &str = concat!(
 /// statement, one transaction.
 pub(super) const TRY_GRANT_TICKETED: &str = concat!(
     "WITH c AS (SELECT NOT EXISTS (SELECT 1 FROM fenced_waiters
-        WHERE name = $1 AND ticket <> $9 AND NOT fair AND expires_at > clock_timestamp()
-        AND expires_at <= clock_timestamp() + ",
-    handoff!(),
+        WHERE name = $1 AND ticket <> $9 AND ",
+    handing_over!(),
     ") AS free),
     g AS (SELECT CASE WHEN c.free THEN fenced_try_grant2($1, $2, $3, $4, $5, $6, $7, $8) END AS token FROM c),
     d AS (DELETE FROM fenced_waiters WHERE ticket = $9 AND (SELECT token FROM g) IS NOT NULL)
@@ -227,9 +259,8 @@ pub(super) const QUEUE: &str = concat!(
     EXISTS (SELECT 1 FROM fenced_waiters WHERE ticket = $2 AND name = $1) AS mine,
     EXISTS (SELECT 1 FROM fenced_waiters WHERE name = $1 AND fair AND ticket < $2) AS ahead,
     (SELECT (extract(epoch FROM min(expires_at) - clock_timestamp()) * 1000)::bigint
-        FROM fenced_waiters WHERE name = $1 AND ticket <> $2 AND NOT fair
-        AND expires_at > clock_timestamp() AND expires_at <= clock_timestamp() + ",
-    handoff!(),
+        FROM fenced_waiters WHERE name = $1 AND ticket <> $2 AND ",
+    handing_over!(),
     ") AS handoff_ms"
 );
 pub(super) const GRANT: &str = "WITH t AS (UPDATE fenced_locks SET token = $7 WHERE name = $2)
@@ -246,12 +277,6 @@ pub(super) const INSERT_WAITER: &str = "INSERT INTO fenced_waiters (name, fair, 
     VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond') RETURNING ticket";
 // pg_notify returns void, which no driver decodes: wrap it in a count.
 pub(super) const NOTIFY: &str = "SELECT count(*) FROM (SELECT pg_notify('fenced_wake', $1)) AS n";
-/// A change to lock $1 that its queue's head may use: the head named
-/// (`\x02<ticket>:<name>`, see [`head_of`](super::head_of)), then the
-/// bare name for clients that do not read heads. $2 is a ticket not to
-/// name (the caller's own), or -1. The two are added in this order, by
-/// the order `+` evaluates its arguments, and a transaction's
-/// notifications reach every listener together and in order.
 /// The CTE `called` that starts the hand-over to the unfair head in
 /// relation `$h` (a column `ticket`).
 macro_rules! call {
@@ -266,8 +291,10 @@ macro_rules! call {
     };
 }
 
-/// An unfair head's hand-over ([`handoff!`]) is its place's expiry cut
-/// to the moment.
+/// A change to lock $1 that its queue's head may use: [`notify_pair!`]
+/// (see [`head_of`](super::head_of) for the head's), passing over ticket
+/// $2 (the caller's own, or -1). An unfair head's hand-over
+/// ([`handoff!`]) is its place's expiry cut to the moment.
 pub(super) const NOTIFY_HEAD: &str = concat!(
     "WITH h AS (SELECT ticket FROM fenced_waiters
         WHERE name = $1 AND ticket <> $2 AND expires_at > clock_timestamp()
@@ -275,8 +302,9 @@ pub(super) const NOTIFY_HEAD: &str = concat!(
     ",
     call!("h"),
     "
-    SELECT (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', chr(2) || ticket || ':' || $1) FROM h) AS a)
-        + (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', $1)) AS b) AS notified"
+    SELECT ",
+    notify_pair!("h", "$1", ""),
+    " AS notified"
 );
 pub(super) const RENEW: &str = "UPDATE fenced_holds h
     SET expires_at = clock_timestamp() + v.ms * interval '1 millisecond'
@@ -296,10 +324,9 @@ pub(super) const RELEASE: &str = concat!(
     ",
     call!("h"),
     "
-    SELECT live,
-        (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', chr(2) || ticket || ':' || name) FROM h) AS a)
-        + (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', name) FROM d) AS b) AS notified
-    FROM d"
+    SELECT live, ",
+    notify_pair!("h", "name", " FROM d"),
+    " AS notified FROM d"
 );
 /// A withdrawal (the queue place $2, the hold $3, of lock $1), and
 /// [`NOTIFY_HEAD`]'s notifications if it took anything away. The
@@ -307,27 +334,32 @@ pub(super) const RELEASE: &str = concat!(
 /// looked for past it. It starts no hand-over: two front waiters
 /// withdrawing at once would each delete its own place and cut the
 /// other's, row locks taken in opposite orders (a deadlock).
-pub(super) const ABANDON: &str = "WITH w AS (DELETE FROM fenced_waiters WHERE ticket = $2 RETURNING 1),
+pub(super) const ABANDON: &str = concat!(
+    "WITH w AS (DELETE FROM fenced_waiters WHERE ticket = $2 RETURNING 1),
     h AS (DELETE FROM fenced_holds WHERE hold_id = $3 RETURNING 1),
     go AS (SELECT 1 WHERE EXISTS (SELECT 1 FROM w) OR EXISTS (SELECT 1 FROM h)),
     hd AS (SELECT ticket FROM fenced_waiters
         WHERE name = $1 AND ticket <> $2 AND expires_at > clock_timestamp()
             AND EXISTS (SELECT 1 FROM go)
         ORDER BY ticket LIMIT 1)
-    SELECT (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', chr(2) || ticket || ':' || $1) FROM hd) AS a)
-        + (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', $1) FROM go) AS b) AS notified";
+    SELECT ",
+    notify_pair!("hd", "$1", " FROM go"),
+    " AS notified"
+);
 pub(super) const STATUS_WAITERS: &str = "SELECT
     (SELECT count(*) FROM fenced_waiters WHERE name = $1 AND expires_at > clock_timestamp()) AS waiters,
     COALESCE((SELECT token FROM fenced_locks WHERE name = $1), 0) AS token";
 /// Every hold of $1 deleted, and [`NOTIFY_HEAD`]'s notifications (no
 /// hand-over: an operator's unlock need not keep the lock for anyone, and
 /// its row locks then cannot cross a release's).
-pub(super) const FORCE: &str = "WITH d AS (DELETE FROM fenced_holds WHERE name = $1 RETURNING 1),
+pub(super) const FORCE: &str = concat!(
+    "WITH d AS (DELETE FROM fenced_holds WHERE name = $1 RETURNING 1),
     hd AS (SELECT ticket FROM fenced_waiters
         WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY ticket LIMIT 1)
-    SELECT (SELECT count(*) FROM d) AS n,
-        (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', chr(2) || ticket || ':' || $1) FROM hd) AS a)
-        + (SELECT count(*) FROM (SELECT pg_notify('fenced_wake', $1)) AS b) AS notified";
+    SELECT (SELECT count(*) FROM d) AS n, ",
+    notify_pair!("hd", "$1", ""),
+    " AS notified"
+);
 pub(super) const REGISTER_DELETE: &str = "DELETE FROM fenced_registers WHERE name = $1";
 pub(super) const REGISTER_READ: &str = "SELECT value, fence FROM fenced_registers WHERE name = $1";
 /// The register's writes (see [`RegisterSql`](super::super::RegisterSql)).
