@@ -420,8 +420,8 @@ pub(crate) const NO_GRANT_FUNCTION: &str =
 /// transaction must decide. The lease is bound as `lease` (milliseconds,
 /// in the type the engine's function takes). A caller with a queue
 /// ticket runs `ticketed` instead, if given, with the ticket bound last:
-/// a statement that withdraws it with the grant (see [`attempt`]). A busy lock so costs one
-/// round trip more than before; answering "busy" here instead measured
+/// a statement that withdraws it with the grant (see [`attempt`]). A busy
+/// lock so costs one round trip more than before; answering "busy" here instead measured
 /// slower on PostgreSQL's S2 (397–430 against 463–475 acquisitions/s in
 /// alternating runs; why, I have not found), and S2 with this version is
 /// unchanged (436–514 against 456–535/s).
@@ -445,8 +445,11 @@ where
     (Option<i64>,): for<'r> sqlx::FromRow<'r, DB::Row>,
 {
     let (take, max) = req.mode.permits();
-    let ticket = req.ticket.filter(|_| ticketed.is_some());
-    let q = sqlx::query_scalar(ticketed.filter(|_| ticket.is_some()).unwrap_or(sql))
+    let (sql, ticket) = match (ticketed, req.ticket) {
+        (Some(ticketed), Some(ticket)) => (ticketed, Some(ticket)),
+        _ => (sql, None),
+    };
+    let q = sqlx::query_scalar(sql)
         .bind(req.name.as_str())
         .bind(req.hold_id.as_str())
         .bind(req.owner_key.as_str())
