@@ -56,11 +56,58 @@ const TRY_LOCK: &str = "SELECT set_config('application_name', $1, false) AS app,
     pg_try_advisory_lock($2) AS got";
 const TRY_LOCK_SHARED: &str = "SELECT set_config('application_name', $1, false) AS app,
     pg_try_advisory_lock_shared($2) AS got";
+/// The rest of [`LOCK_AND_TOKEN`] after its CTE `l`: `NEXT_TOKEN` (see
+/// the lease table's queries) when `l.got`.
+macro_rules! lock_and_token {
+    () => {
+        "
+    t AS (INSERT INTO fenced_locks AS f (name, token)
+        SELECT $3, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM l WHERE l.got
+        ON CONFLICT (name) DO UPDATE SET token = GREATEST(f.token + 1, EXCLUDED.token)
+        RETURNING f.token)
+    SELECT l.got, (SELECT token FROM t) AS token FROM l"
+    };
+}
+/// [`TRY_LOCK`] on a session of its own, with the name's token ($3)
+/// raised in the same statement when the lock is got: one round trip,
+/// not two. The token's insert reads the lock's row, so the lock is tried
+/// first (and once: a CTE read twice is computed once). A failure leaves
+/// the lock (session-level, it outlives the aborted statement) or not: the
+/// caller closes the session, which frees it either way.
+const LOCK_AND_TOKEN: &str = concat!(
+    "WITH l AS (SELECT set_config('application_name', $1, false) AS app,
+        pg_try_advisory_lock($2) AS got),",
+    lock_and_token!()
+);
+/// [`LOCK_AND_TOKEN`] for a read hold.
+const LOCK_SHARED_AND_TOKEN: &str = concat!(
+    "WITH l AS (SELECT set_config('application_name', $1, false) AS app,
+        pg_try_advisory_lock_shared($2) AS got),",
+    lock_and_token!()
+);
 const UNLOCK: &str = "SELECT pg_advisory_unlock($1) AS was";
 const UNLOCK_SHARED: &str = "SELECT pg_advisory_unlock_shared($1) AS was";
-/// Run before a session goes back to the idle stack: whatever an
-/// acquisition dropped between its lock and its record left on it goes.
-const UNLOCK_ALL: &str = "SELECT count(*) AS n FROM (SELECT pg_advisory_unlock_all()) AS u";
+/// A release in one round trip: the unlock of key $1 by `$unlock`
+/// (`was`: whether the session held it), then, when $3 says the session
+/// goes back to the idle stack, whatever else it holds (a lock an
+/// acquisition dropped between its lock and its record left, a failed
+/// unlock's), and the waiters of name $2 woken (the lease table's
+/// `NOTIFY`, sent at the statement's commit, after the unlock). Each CTE
+/// reads the one before, which orders them.
+macro_rules! unlock_and_wake {
+    ($unlock:literal) => {
+        concat!(
+            "WITH u AS (SELECT ",
+            $unlock,
+            "($1) AS was),
+    a AS (SELECT count(*) AS n FROM (SELECT pg_advisory_unlock_all() FROM u WHERE $3) AS x),
+    w AS (SELECT count(*) AS n FROM (SELECT pg_notify('fenced_wake', $2) FROM a) AS y)
+    SELECT u.was FROM u, w"
+        )
+    };
+}
+const UNLOCK_AND_WAKE: &str = unlock_and_wake!("pg_advisory_unlock");
+const UNLOCK_SHARED_AND_WAKE: &str = unlock_and_wake!("pg_advisory_unlock_shared");
 /// The server's idle-session timeout in ms (PostgreSQL ≥ 14; no row before).
 const IDLE_TIMEOUT: &str =
     "SELECT setting::bigint AS ms FROM pg_settings WHERE name = 'idle_session_timeout'";
@@ -217,20 +264,51 @@ impl PgAdvisory {
                     self.table.label()
                 )));
             };
-            let got = sqlx::query(if shared { TRY_LOCK_SHARED } else { TRY_LOCK })
+            // A session of its own takes the lock and its token in one
+            // statement; one this owner's other hold uses already takes
+            // them in two, so that a failure between them can unlock its
+            // own level of the lock alone, leaving the other hold's.
+            let got = if fresh {
+                sqlx::query(if shared {
+                    LOCK_SHARED_AND_TOKEN
+                } else {
+                    LOCK_AND_TOKEN
+                })
                 .bind(&o[start..])
                 .bind(k)
+                .bind(req.name.as_str())
                 .fetch_one(&mut *conn)
                 .await
-                .and_then(|r| r.try_get::<bool, _>("got"))
-                .map_err(|e| self.db(e));
+                .and_then(|r| Ok((r.try_get("got")?, r.try_get::<Option<i64>, _>("token")?)))
+            } else {
+                sqlx::query(if shared { TRY_LOCK_SHARED } else { TRY_LOCK })
+                    .bind(&o[start..])
+                    .bind(k)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .and_then(|r| Ok((r.try_get("got")?, None)))
+            }
+            .map_err(|e| self.db(e));
             match got {
-                Ok(true) => {}
+                Ok((true, Some(token))) => token as u64,
+                Ok((true, None)) => match self.table.next_token(conn, req.name.as_str()).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let _ = sqlx::query(if shared { UNLOCK_SHARED } else { UNLOCK })
+                            .bind(k)
+                            .execute(&mut *conn)
+                            .await;
+                        if fresh && let Some(c) = guard.take() {
+                            let _ = c.close().await;
+                        }
+                        return Err(e);
+                    }
+                },
                 other => {
                     if fresh && let Some(c) = guard.take() {
                         match other {
                             // It holds nothing: keep it for the next try.
-                            Ok(false) => self.idle.put(c),
+                            Ok((false, _)) => self.idle.put(c),
                             _ => {
                                 let _ = c.close().await;
                             }
@@ -241,19 +319,6 @@ impl PgAdvisory {
                         ticket: None,
                         retry_after: None,
                     }));
-                }
-            }
-            match self.table.next_token(conn, req.name.as_str()).await {
-                Ok(t) => t,
-                Err(e) => {
-                    let _ = sqlx::query(if shared { UNLOCK_SHARED } else { UNLOCK })
-                        .bind(k)
-                        .execute(&mut *conn)
-                        .await;
-                    if fresh && let Some(c) = guard.take() {
-                        let _ = c.close().await;
-                    }
-                    return Err(e);
                 }
             }
         };
@@ -290,25 +355,39 @@ impl PgAdvisory {
         };
         // Let its session keeper end now, dropping its share of the session.
         hold.ended.send_replace(true);
-        let was = unlock(&hold, &self.idle).await;
-        self.table.wake_waiters(hold.name.as_str()).await;
-        was
+        unlock(&hold, &self.idle, &self.table).await
     }
 }
 
-/// Unlocks the hold, and gives its session back (to the idle stack when
-/// the unlock was confirmed, else closed) unless another hold of the owner
-/// uses it; whether the lock was still held, `None` if the session failed.
-async fn unlock(hold: &SessionHold, idle: &IdleSessions<PgConnection>) -> Option<bool> {
+/// Unlocks the hold and wakes the name's waiters, and gives its session
+/// back (to the idle stack when the unlock was confirmed, else closed)
+/// unless another hold of the owner uses it; whether the lock was still
+/// held, `None` if the session failed (closing it freed the lock, and the
+/// waiters are then woken over the pool).
+async fn unlock(
+    hold: &SessionHold,
+    idle: &IdleSessions<PgConnection>,
+    table: &PgBackend,
+) -> Option<bool> {
     let mut guard = hold.conn.lock().await;
     let Some(c) = guard.as_mut() else {
+        table.wake_waiters(hold.name.as_str()).await;
         return Some(false);
     };
-    let was = sqlx::query(if hold.shared { UNLOCK_SHARED } else { UNLOCK })
-        .bind(hold.key)
-        .fetch_one(&mut *c)
-        .await
-        .and_then(|r| r.try_get::<bool, _>("was"));
+    // The map and this hold are gone: only other holds keep the session,
+    // and no new one can find it.
+    let last = Arc::strong_count(&hold.conn) == 1;
+    let was = sqlx::query(if hold.shared {
+        UNLOCK_SHARED_AND_WAKE
+    } else {
+        UNLOCK_AND_WAKE
+    })
+    .bind(hold.key)
+    .bind(hold.name.as_str())
+    .bind(last)
+    .fetch_one(&mut *c)
+    .await
+    .and_then(|r| r.try_get::<bool, _>("was"));
     let was = match was {
         Ok(was) => Some(was),
         // The server ended the session before it ran the unlock (an
@@ -317,20 +396,17 @@ async fn unlock(hold: &SessionHold, idle: &IdleSessions<PgConnection>) -> Option
         Err(sqlx::Error::Database(e)) if ended_by_server(e.as_ref()) => Some(false),
         Err(_) => None,
     };
-    // The map and this hold are gone: only other holds keep the session.
-    if Arc::strong_count(&hold.conn) == 1
-        && let Some(mut c) = guard.take()
-    {
-        // An acquisition dropped between its lock and its record (or a
-        // hold of this owner whose unlock failed) may have left a lock on
-        // the session: none goes back to the idle stack holding one.
-        let clean = was == Some(true) && sqlx::query(UNLOCK_ALL).execute(&mut c).await.is_ok();
-        if clean {
+    if last && let Some(c) = guard.take() {
+        if was == Some(true) {
             idle.put(c);
         } else {
             // Closing the session frees the lock even if the unlock failed.
             let _ = c.close().await;
         }
+    }
+    drop(guard);
+    if was.is_none() {
+        table.wake_waiters(hold.name.as_str()).await;
     }
     was
 }
