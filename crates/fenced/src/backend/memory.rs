@@ -516,6 +516,7 @@ mod tests {
             lease: std::time::Duration::from_secs(30),
             fair: true,
             will_wait: true,
+            until: None,
             ticket: None,
             holder: String::new(),
         };

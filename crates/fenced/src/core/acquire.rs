@@ -264,6 +264,7 @@ async fn run_inner(
         lease: req.lease,
         fair: req.fair,
         will_wait: !matches!(wait, Wait::No),
+        until: deadline,
         ticket: None,
         holder: String::new(),
     };

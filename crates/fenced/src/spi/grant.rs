@@ -254,6 +254,7 @@ mod tests {
             lease: Duration::from_secs(30),
             fair: false,
             will_wait: true,
+            until: None,
             ticket: None,
             holder: String::new(),
         }

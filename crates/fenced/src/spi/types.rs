@@ -206,6 +206,11 @@ pub(crate) struct Attempt {
     /// Whether the caller will wait if busy: backends that need to register
     /// a waiter (for wake-ups or a queue place) do so only then.
     pub(crate) will_wait: bool,
+    /// When a caller that waits gives up (`None`: never), for a backend
+    /// whose try can wait in the server for the lock (advisory locks):
+    /// such a try ends by then.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) until: Option<tokio::time::Instant>,
     /// The queue place from an earlier busy attempt.
     pub(crate) ticket: Option<Ticket>,
     /// What the hold records of its holder (see `holder`): host, process,

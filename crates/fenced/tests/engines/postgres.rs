@@ -359,3 +359,103 @@ async fn a_release_names_the_head_then_the_bare_name() {
     );
     assert!(g.release().await.unwrap());
 }
+
+/// The advisory locks not granted in the server's queue now.
+fn queued_in_server(server: &PgServer) -> String {
+    server.sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+}
+
+/// `mode=advisory`, at the defaults: a waiter waits in the server's own
+/// queue, so the release hands the lock over there; a release that hands
+/// it over wakes no one, and one that leaves it free wakes the listeners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_waiters_wait_in_the_server_and_a_hand_over_wakes_no_one() {
+    let t = Timing::default();
+    let server = PgServer::start();
+    let url = format!("{}?mode=advisory", server.url());
+    let (a, b) = fenced_testkit::two_clients(&url).await;
+    let name = unique("adv-queue");
+    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let first = g.fencing_token();
+    let waiter = tokio::spawn({
+        let m = b.mutex(&name).unwrap();
+        async move { m.acquire().await }
+    });
+    t.wait_until("the waiter waits in the server's queue", || async {
+        queued_in_server(&server) == "1"
+    })
+    .await;
+    let mut listener = sqlx::postgres::PgListener::connect(&server.url())
+        .await
+        .unwrap();
+    listener.listen("fenced_wake").await.unwrap();
+    assert!(g.release().await.unwrap());
+    let g2 = tokio::time::timeout(t.eventually(), waiter)
+        .await
+        .expect("the server grants the waiter")
+        .unwrap()
+        .unwrap();
+    assert!(g2.fencing_token() > first);
+    assert!(g2.release().await.unwrap());
+    // Notifications arrive in commit order: everything before the end
+    // mark is the two releases'.
+    let end = unique("end-mark");
+    server.sql(&format!("NOTIFY fenced_wake, '{end}'"));
+    let mut heard = Vec::new();
+    loop {
+        let n = tokio::time::timeout(t.eventually(), listener.recv())
+            .await
+            .expect("the end mark")
+            .unwrap();
+        if n.payload() == end {
+            break;
+        }
+        heard.push(n.payload().to_owned());
+    }
+    assert_eq!(
+        heard,
+        vec![name.clone()],
+        "the hand-over woke no one, the release that left the lock free did"
+    );
+}
+
+/// `mode=advisory`: a waiter whose caller goes away while it waits in the
+/// server's queue leaves it, and a grant that came to it anyway is given
+/// back: the lock ends up free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_a_waiter_dropped_in_the_server_queue_leaves_nothing() {
+    let t = Timing::default();
+    let server = PgServer::start();
+    let url = format!("{}?mode=advisory", server.url());
+    let (a, b) = fenced_testkit::two_clients(&url).await;
+    let name = unique("adv-drop");
+    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let first = g.fencing_token();
+    let waiter = tokio::spawn({
+        let m = b.mutex(&name).unwrap();
+        async move { m.acquire().await }
+    });
+    t.wait_until("the waiter waits in the server's queue", || async {
+        queued_in_server(&server) == "1"
+    })
+    .await;
+    waiter.abort();
+    // Released while the dropped try may still wait: the server may grant
+    // it, and its cleanup then gives it back.
+    assert!(g.release().await.unwrap());
+    t.wait_until("the server's queue empties", || async {
+        queued_in_server(&server) == "0"
+    })
+    .await;
+    let m = a.mutex(&name).unwrap();
+    let again = std::sync::Mutex::new(None);
+    t.wait_until("the lock comes free", || async {
+        let got = m.try_acquire().await.unwrap();
+        let free = got.is_some();
+        *again.lock().unwrap() = got;
+        free
+    })
+    .await;
+    let again = again.into_inner().unwrap().unwrap();
+    assert!(again.fencing_token() > first);
+}

@@ -304,7 +304,7 @@ async fn listen(mut listener: PgListener, wakeups: Arc<Wakeups>) {
 }
 
 /// Whether the server's error has one of these SQLSTATEs.
-fn has_state(e: &sqlx::Error, states: &[&str]) -> bool {
+pub(crate) fn has_state(e: &sqlx::Error, states: &[&str]) -> bool {
     e.as_database_error()
         .and_then(|d| d.code())
         .is_some_and(|c| states.contains(&c.as_ref()))

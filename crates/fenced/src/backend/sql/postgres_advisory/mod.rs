@@ -8,6 +8,15 @@
 //! server frees the lock at once; the watchdog's renewal notices a dead
 //! session and fires the lost signal.
 //!
+//! **Waiting** is in the server's own queue, as a session lock waits: a
+//! caller that waits takes `pg_advisory_lock` on a session of its own, up
+//! to a second at a time (a `lock_timeout` for that statement), and the
+//! server grants it the moment the lock comes free, in the order asked.
+//! A client keeps at most 8 such waits at once; the rest, and waits too
+//! short to be worth a session, try and wait for a release's `NOTIFY`. A
+//! release notifies only when it leaves the lock free (a probe in its
+//! statement): a hand-over inside the server needs no wake-up.
+//!
 //! **Leases** still hold: a hold whose lease ends without a renewal (a
 //! fixed lease, or a guard leaked by a live process) closes its session,
 //! which frees the lock, so the lease contract is the same in both modes.
@@ -33,7 +42,7 @@
 //! connect (the backend pid changes between statements) and refused.
 
 use crate::backend::sql::IdleSessions;
-use crate::backend::sql::postgres::PgBackend;
+use crate::backend::sql::postgres::{PgBackend, has_state};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::spi::lease::believed_until;
@@ -85,24 +94,64 @@ const LOCK_SHARED_AND_TOKEN: &str = concat!(
         pg_try_advisory_lock_shared($2) AS got),",
     lock_and_token!()
 );
+/// [`LOCK_AND_TOKEN`] that waits in the server's queue for the lock, up
+/// to $4 (a `lock_timeout`, for this statement alone), as a session lock
+/// waits: the server grants it the moment it comes free, in the order
+/// asked, with no notification's hop and no herd of tries. Past $4 the
+/// statement fails with `lock_not_available` (55P03), holding nothing.
+const WAIT_LOCK_AND_TOKEN: &str = concat!(
+    "WITH c AS (SELECT set_config('application_name', $1, false) AS app,
+        set_config('lock_timeout', $4, true) AS wait),
+    l AS (SELECT count(*) > 0 AS got FROM (SELECT pg_advisory_lock($2) FROM c) AS x),",
+    lock_and_token!()
+);
+/// [`WAIT_LOCK_AND_TOKEN`] for a read hold.
+const WAIT_LOCK_SHARED_AND_TOKEN: &str = concat!(
+    "WITH c AS (SELECT set_config('application_name', $1, false) AS app,
+        set_config('lock_timeout', $4, true) AS wait),
+    l AS (SELECT count(*) > 0 AS got FROM (SELECT pg_advisory_lock_shared($2) FROM c) AS x),",
+    lock_and_token!()
+);
+/// The longest one try waits in the server ([`WAIT_LOCK_AND_TOKEN`]);
+/// a waiter that is not granted by then tries again at once. It bounds
+/// how long a try whose caller went away (or whose process is stopping)
+/// stays in the server's queue.
+const SERVER_WAIT: Duration = Duration::from_secs(1);
+/// How many tries of one client wait in the server at once, each on a
+/// session of its own; the rest wait for the release's notification.
+const SERVER_WAITERS: usize = 8;
+/// A wait shorter than this is not worth a session: the try asks once.
+const MIN_SERVER_WAIT: Duration = Duration::from_millis(10);
 const UNLOCK: &str = "SELECT pg_advisory_unlock($1) AS was";
 const UNLOCK_SHARED: &str = "SELECT pg_advisory_unlock_shared($1) AS was";
 /// A release in one round trip: the unlock of key $1 by `$unlock`
-/// (`was`: whether the session held it), then, when $3 says the session
+/// (`was`: whether the session held it); a probe whether the lock is now
+/// free (an exclusive try, given straight back); when $3 says the session
 /// goes back to the idle stack, whatever else it holds (a lock an
 /// acquisition dropped between its lock and its record left, a failed
-/// unlock's), and the waiters of name $2 woken (the lease table's
-/// `NOTIFY`, sent at the statement's commit, after the unlock). Each CTE
-/// reads the one before, which orders them.
+/// unlock's); and, if the probe found the lock free, the waiters of name
+/// $2 woken (the lease table's `NOTIFY`, sent at the statement's commit).
+/// A CTE runs only if read, and a filter the planner knows is false
+/// reads nothing: each reads the one it must follow, and the final select
+/// reads every one (each gives one row, so a join of them reads them all).
+///
+/// A lock the probe finds taken went to a try waiting in the server
+/// (which the unlock grants at once), or to a try that came first: no
+/// waiter could have it, and its holder's release probes again. Without
+/// the probe every release woke every listening process, for nothing
+/// while the waiters wait in the server: with 8 processes on one lock
+/// that halved the acquisitions per second.
 macro_rules! unlock_and_wake {
     ($unlock:literal) => {
         concat!(
             "WITH u AS (SELECT ",
             $unlock,
             "($1) AS was),
-    a AS (SELECT count(*) AS n FROM (SELECT pg_advisory_unlock_all() FROM u WHERE $3) AS x),
-    w AS (SELECT count(*) AS n FROM (SELECT pg_notify('fenced_wake', $2) FROM a) AS y)
-    SELECT u.was FROM u, w"
+    p AS (SELECT pg_try_advisory_lock($1) AS free FROM u),
+    r AS (SELECT count(*) AS n FROM (SELECT pg_advisory_unlock($1) FROM p WHERE p.free) AS z),
+    a AS (SELECT count(*) AS n FROM (SELECT pg_advisory_unlock_all() FROM r WHERE $3) AS x),
+    w AS (SELECT count(*) AS n FROM (SELECT pg_notify('fenced_wake', $2) FROM p WHERE p.free) AS y)
+    SELECT u.was FROM u, r, a, w"
         )
     };
 }
@@ -160,6 +209,8 @@ pub(crate) struct PgAdvisory {
     idle: Arc<IdleSessions<PgConnection>>,
     /// The server's `idle_session_timeout`, when it ends idle sessions.
     idle_timeout: Option<Duration>,
+    /// Room for tries that wait in the server ([`SERVER_WAITERS`]).
+    server_waiters: Arc<tokio::sync::Semaphore>,
 }
 
 impl PgAdvisory {
@@ -173,6 +224,7 @@ impl PgAdvisory {
             holds: Default::default(),
             idle: Arc::new(IdleSessions::new()),
             idle_timeout: None,
+            server_waiters: Arc::new(tokio::sync::Semaphore::new(SERVER_WAITERS)),
         };
         me.idle_timeout = me.check_session_pinning().await?;
         Ok(Arc::new(me))
@@ -265,21 +317,35 @@ impl PgAdvisory {
                 )));
             };
             // A session of its own takes the lock and its token in one
-            // statement; one this owner's other hold uses already takes
-            // them in two, so that a failure between them can unlock its
-            // own level of the lock alone, leaving the other hold's.
+            // statement, waiting in the server if the caller waits; one
+            // this owner's other hold uses already takes them in two (and
+            // does not wait: it holds the lock), so that a failure between
+            // them can unlock its own level of the lock alone, leaving the
+            // other hold's.
+            let waits = fresh.then(|| self.server_wait(req)).flatten();
             let got = if fresh {
-                sqlx::query(if shared {
-                    LOCK_SHARED_AND_TOKEN
-                } else {
-                    LOCK_AND_TOKEN
-                })
-                .bind(&o[start..])
-                .bind(k)
-                .bind(req.name.as_str())
+                let sql = match (&waits, shared) {
+                    (Some(_), false) => WAIT_LOCK_AND_TOKEN,
+                    (Some(_), true) => WAIT_LOCK_SHARED_AND_TOKEN,
+                    (None, false) => LOCK_AND_TOKEN,
+                    (None, true) => LOCK_SHARED_AND_TOKEN,
+                };
+                let q = sqlx::query(sql)
+                    .bind(&o[start..])
+                    .bind(k)
+                    .bind(req.name.as_str());
+                match &waits {
+                    Some((wait, _)) => q.bind(wait.as_millis().max(1).to_string()),
+                    None => q,
+                }
                 .fetch_one(&mut *conn)
                 .await
                 .and_then(|r| Ok((r.try_get("got")?, r.try_get::<Option<i64>, _>("token")?)))
+                .or_else(|e| match e {
+                    // Not granted within the wait: nothing is held.
+                    e if has_state(&e, &["55P03"]) && waits.is_some() => Ok((false, None)),
+                    e => Err(e),
+                })
             } else {
                 sqlx::query(if shared { TRY_LOCK_SHARED } else { TRY_LOCK })
                     .bind(&o[start..])
@@ -315,9 +381,11 @@ impl PgAdvisory {
                         }
                     }
                     other?;
+                    // A try that waited in the server goes back to it at
+                    // once: no notification comes for what it waited out.
                     return Ok(Outcome::Busy(Blocked {
                         ticket: None,
-                        retry_after: None,
+                        retry_after: waits.map(|_| Duration::ZERO),
                     }));
                 }
             }
@@ -343,6 +411,30 @@ impl PgAdvisory {
             token,
             session: bound,
         })
+    }
+
+    /// How long `req`'s try may wait in the server, with the room it
+    /// takes: none unless its caller waits and there is room, and never
+    /// past the caller's deadline, [`SERVER_WAIT`], half a request
+    /// timeout (the core's patience with a try) or a quarter of the lease
+    /// (which counts from the try's start, so that a grant at the end of
+    /// the wait does not arrive spent).
+    fn server_wait(&self, req: &Attempt) -> Option<(Duration, tokio::sync::OwnedSemaphorePermit)> {
+        if !req.will_wait {
+            return None;
+        }
+        let left = req
+            .until
+            .map_or(SERVER_WAIT, |d| d.saturating_duration_since(Instant::now()));
+        let wait = left
+            .min(SERVER_WAIT)
+            .min(self.request_timeout() / 2)
+            .min(req.lease / 4);
+        if wait < MIN_SERVER_WAIT {
+            return None;
+        }
+        let room = self.server_waiters.clone().try_acquire_owned().ok()?;
+        Some((wait, room))
     }
 
     /// Unlocks and closes the session of `hold_id`; whether it still held.
