@@ -459,3 +459,82 @@ async fn advisory_a_waiter_dropped_in_the_server_queue_leaves_nothing() {
     let again = again.into_inner().unwrap().unwrap();
     assert!(again.fencing_token() > first);
 }
+
+/// `mode=advisory`: a writer takes read beside its write (a downgrade)
+/// while another client's writer waits in the server's queue. A `try` on
+/// the writer's session fails behind a queued request; the lock request
+/// it makes instead is granted at once, since the session holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_a_downgrade_passes_a_waiter_queued_in_the_server() {
+    let t = Timing::default();
+    let server = PgServer::start();
+    let url = format!("{}?mode=advisory", server.url());
+    let (a, b) = fenced_testkit::two_clients(&url).await;
+    let name = unique("adv-down");
+    let me = fenced::Owner::new();
+    let rw = a.rwlock(&name).unwrap();
+    let w = rw.write().owner(&me).acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = b.rwlock(&name).unwrap();
+        async move { m.write().acquire().await }
+    });
+    t.wait_until("the other writer waits in the server's queue", || async {
+        queued_in_server(&server) == "1"
+    })
+    .await;
+    let r = tokio::time::timeout(t.eventually(), rw.read().owner(&me).acquire())
+        .await
+        .expect("the downgrade is not held up by the queued writer")
+        .unwrap();
+    assert!(w.release().await.unwrap());
+    assert!(!waiter.is_finished(), "the owner still reads");
+    let read_token = r.fencing_token();
+    assert!(r.release().await.unwrap());
+    let g = tokio::time::timeout(t.eventually(), waiter)
+        .await
+        .expect("the queued writer gets the lock")
+        .unwrap()
+        .unwrap();
+    assert!(g.fencing_token() > read_token);
+}
+
+/// `mode=advisory`: more tasks of one client wait than it waits for in
+/// the server at once; while the lock changes hands steadily, each still
+/// gets its turn (those beyond the server's queue once waited for a
+/// notification that a hand-over inside the server never sends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_every_task_of_one_client_gets_its_turn() {
+    let t = Timing::default();
+    let server = PgServer::start();
+    let url = format!("{}?mode=advisory", server.url());
+    let client = fenced::Client::connect(&url).await.unwrap();
+    let name = unique("adv-turns");
+    const TASKS: usize = 16;
+    let served = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let (m, served) = (client.mutex(&name).unwrap(), served.clone());
+            tokio::spawn(async move {
+                // Everyone goes on taking the lock until each has had it.
+                while served.lock().unwrap().len() < TASKS {
+                    let g = m.acquire().await.unwrap();
+                    served.lock().unwrap().insert(i);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    assert!(g.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    tokio::time::timeout(t.eventually(), futures_util::future::join_all(tasks))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "tasks never served while the others went on: {:?}",
+                (0..TASKS)
+                    .filter(|i| !served.lock().unwrap().contains(i))
+                    .collect::<Vec<_>>()
+            )
+        })
+        .into_iter()
+        .for_each(|r| r.unwrap());
+}

@@ -10,12 +10,22 @@
 //!
 //! **Waiting** is in the server's own queue, as a session lock waits: a
 //! caller that waits takes `pg_advisory_lock` on a session of its own, up
-//! to a second at a time (a `lock_timeout` for that statement), and the
-//! server grants it the moment the lock comes free, in the order asked.
-//! A client keeps at most 8 such waits at once; the rest, and waits too
-//! short to be worth a session, try and wait for a release's `NOTIFY`. A
-//! release notifies only when it leaves the lock free (a probe in its
-//! statement): a hand-over inside the server needs no wake-up.
+//! to 0.9 s at a time (a `lock_timeout` for that statement), and the
+//! server grants it the moment the lock comes free. A client keeps at
+//! most 8 such waits at once; its other waiters queue for a turn, in
+//! order. Waits too short to be worth a session (under 10 ms) try once
+//! and wait for a release's `NOTIFY`, as every waiter of older versions
+//! does; a release notifies only when a probe in its statement finds
+//! that a waiter could get in, since a hand-over inside the server needs
+//! no wake-up. Such waiters find the lock taken while others wait in the
+//! server (a try fails behind a queued request), so under steady
+//! contention they get it only when the queue empties.
+//!
+//! A waiter is granted the lock even if its process is stopped or its
+//! link has gone dark, as a holder keeps it: the server ends the session
+//! when the grant's reply goes unacknowledged for a request timeout
+//! (`tcp_user_timeout`), and a stopped process that resumes with a grant
+//! whose lease has run out gives it back.
 //!
 //! **Leases** still hold: a hold whose lease ends without a renewal (a
 //! fixed lease, or a guard leaked by a live process) closes its session,
@@ -61,86 +71,107 @@ use tokio::time::Instant;
 
 mod holds;
 
-const TRY_LOCK: &str = "SELECT set_config('application_name', $1, false) AS app,
-    pg_try_advisory_lock($2) AS got";
-const TRY_LOCK_SHARED: &str = "SELECT set_config('application_name', $1, false) AS app,
-    pg_try_advisory_lock_shared($2) AS got";
-/// The rest of [`LOCK_AND_TOKEN`] after its CTE `l`: `NEXT_TOKEN` (see
-/// the lease table's queries) when `l.got`.
+/// The lock on a session that holds it already, in one mode or the other
+/// (a writer that takes read beside its write): such a request is granted
+/// at once, ahead of the waiters in the server's queue, where a `try`
+/// would fail for any waiter queued (and wait for the owner itself).
+const OWN_LOCK: &str =
+    "WITH l AS (SELECT count(*) > 0 AS got FROM (SELECT pg_advisory_lock($2)) AS x)
+    SELECT set_config('application_name', $1, false) AS app, l.got FROM l";
+/// [`OWN_LOCK`] for a read hold.
+const OWN_LOCK_SHARED: &str = "WITH l AS (SELECT count(*) > 0 AS got
+        FROM (SELECT pg_advisory_lock_shared($2)) AS x)
+    SELECT set_config('application_name', $1, false) AS app, l.got FROM l";
+/// The rest of a lock statement after its CTE `l` (`got`): the name's
+/// token ($3) raised as `NEXT_TOKEN` (see the lease table's queries)
+/// when `l.got`, reading `$from` (which includes `l`, so the lock comes
+/// first; a CTE read twice is computed once).
 macro_rules! lock_and_token {
-    () => {
-        "
+    ($from:literal) => {
+        concat!(
+            "
     t AS (INSERT INTO fenced_locks AS f (name, token)
-        SELECT $3, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM l WHERE l.got
+        SELECT $3, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM ",
+            $from,
+            " WHERE l.got
         ON CONFLICT (name) DO UPDATE SET token = GREATEST(f.token + 1, EXCLUDED.token)
         RETURNING f.token)
     SELECT l.got, (SELECT token FROM t) AS token FROM l"
+        )
     };
 }
-/// [`TRY_LOCK`] on a session of its own, with the name's token ($3)
-/// raised in the same statement when the lock is got: one round trip,
-/// not two. The token's insert reads the lock's row, so the lock is tried
-/// first (and once: a CTE read twice is computed once). A failure leaves
-/// the lock (session-level, it outlives the aborted statement) or not: the
-/// caller closes the session, which frees it either way.
+/// A try on a session of its own, with the name's token ($3) raised in
+/// the same statement when the lock is got: one round trip, not two. A
+/// failure leaves the lock (session-level, it outlives the aborted
+/// statement) or not: the caller closes the session, which frees it
+/// either way.
 const LOCK_AND_TOKEN: &str = concat!(
     "WITH l AS (SELECT set_config('application_name', $1, false) AS app,
         pg_try_advisory_lock($2) AS got),",
-    lock_and_token!()
+    lock_and_token!("l")
 );
 /// [`LOCK_AND_TOKEN`] for a read hold.
 const LOCK_SHARED_AND_TOKEN: &str = concat!(
     "WITH l AS (SELECT set_config('application_name', $1, false) AS app,
         pg_try_advisory_lock_shared($2) AS got),",
-    lock_and_token!()
+    lock_and_token!("l")
 );
 /// [`LOCK_AND_TOKEN`] that waits in the server's queue for the lock, up
-/// to $4 (a `lock_timeout`, for this statement alone), as a session lock
-/// waits: the server grants it the moment it comes free, in the order
-/// asked, with no notification's hop and no herd of tries. Past $4 the
-/// statement fails with `lock_not_available` (55P03), holding nothing.
+/// to $4 ms (a `lock_timeout` for this statement), as a session lock
+/// waits: the server grants it the moment it comes free, with no
+/// notification's hop and no herd of tries. The token's insert then
+/// waits as any statement does ($5 ms, the request timeout). Past $4 the
+/// statement fails with `lock_not_available` (55P03), which a grant can
+/// race: the caller then unlocks.
 const WAIT_LOCK_AND_TOKEN: &str = concat!(
     "WITH c AS (SELECT set_config('application_name', $1, false) AS app,
         set_config('lock_timeout', $4, true) AS wait),
-    l AS (SELECT count(*) > 0 AS got FROM (SELECT pg_advisory_lock($2) FROM c) AS x),",
-    lock_and_token!()
+    l AS (SELECT count(*) > 0 AS got FROM (SELECT pg_advisory_lock($2) FROM c) AS x),
+    b AS (SELECT set_config('lock_timeout', $5, true) AS back FROM l),",
+    lock_and_token!("l, b")
 );
 /// [`WAIT_LOCK_AND_TOKEN`] for a read hold.
 const WAIT_LOCK_SHARED_AND_TOKEN: &str = concat!(
     "WITH c AS (SELECT set_config('application_name', $1, false) AS app,
         set_config('lock_timeout', $4, true) AS wait),
-    l AS (SELECT count(*) > 0 AS got FROM (SELECT pg_advisory_lock_shared($2) FROM c) AS x),",
-    lock_and_token!()
+    l AS (SELECT count(*) > 0 AS got FROM (SELECT pg_advisory_lock_shared($2) FROM c) AS x),
+    b AS (SELECT set_config('lock_timeout', $5, true) AS back FROM l),",
+    lock_and_token!("l, b")
 );
 /// The longest one try waits in the server ([`WAIT_LOCK_AND_TOKEN`]);
-/// a waiter that is not granted by then tries again at once. It bounds
-/// how long a try whose caller went away (or whose process is stopping)
-/// stays in the server's queue.
-const SERVER_WAIT: Duration = Duration::from_secs(1);
+/// a waiter not granted by then asks again at once (at the back of the
+/// server's queue). It bounds how long a try whose caller went away (or
+/// whose process is stopping) stays queued. Under the server's
+/// `deadlock_timeout` (1 s by default), whose check every wait that
+/// reaches it makes, taking every lock partition.
+const SERVER_WAIT: Duration = Duration::from_millis(900);
 /// How many tries of one client wait in the server at once, each on a
-/// session of its own; the rest wait for the release's notification.
+/// session of its own; the client's other waiters queue for their turn,
+/// in order.
 const SERVER_WAITERS: usize = 8;
-/// A wait shorter than this is not worth a session: the try asks once.
+/// A wait shorter than this is not worth a session: the try asks once,
+/// and waits for a release's notification.
 const MIN_SERVER_WAIT: Duration = Duration::from_millis(10);
 const UNLOCK: &str = "SELECT pg_advisory_unlock($1) AS was";
 const UNLOCK_SHARED: &str = "SELECT pg_advisory_unlock_shared($1) AS was";
 /// A release in one round trip: the unlock of key $1 by `$unlock`
-/// (`was`: whether the session held it); a probe whether the lock is now
-/// free (an exclusive try, given straight back); when $3 says the session
-/// goes back to the idle stack, whatever else it holds (a lock an
-/// acquisition dropped between its lock and its record left, a failed
-/// unlock's); and, if the probe found the lock free, the waiters of name
-/// $2 woken (the lease table's `NOTIFY`, sent at the statement's commit).
-/// A CTE runs only if read, and a filter the planner knows is false
-/// reads nothing: each reads the one it must follow, and the final select
-/// reads every one (each gives one row, so a join of them reads them all).
+/// (`was`: whether the session held it); probes whether a waiter could
+/// now get in (an exclusive try, else a shared one, either given
+/// straight back); when $3 says the session goes back to the idle stack,
+/// whatever else it holds (a lock an acquisition dropped between its
+/// lock and its record left, a failed unlock's); and, if a probe got in,
+/// the waiters of name $2 woken (the lease table's `NOTIFY`, sent at the
+/// statement's commit). A CTE runs only if read, and a filter the planner
+/// knows is false reads nothing: each reads the one it must follow, and
+/// the final select reads every one (each gives one row, so a join of
+/// them reads them all).
 ///
-/// A lock the probe finds taken went to a try waiting in the server
-/// (which the unlock grants at once), or to a try that came first: no
-/// waiter could have it, and its holder's release probes again. Without
-/// the probe every release woke every listening process, for nothing
-/// while the waiters wait in the server: with 8 processes on one lock
-/// that halved the acquisitions per second.
+/// A lock neither probe gets into went to a try waiting in the server
+/// (which the unlock grants at once), or to one that came first: a waiter
+/// that was told would find it taken, and its holder's release probes
+/// again. Without the probes every release woke every listening process,
+/// for nothing while the waiters wait in the server: with 8 processes on
+/// one lock that halved the acquisitions per second.
 macro_rules! unlock_and_wake {
     ($unlock:literal) => {
         concat!(
@@ -148,15 +179,25 @@ macro_rules! unlock_and_wake {
             $unlock,
             "($1) AS was),
     p AS (SELECT pg_try_advisory_lock($1) AS free FROM u),
-    r AS (SELECT count(*) AS n FROM (SELECT pg_advisory_unlock($1) FROM p WHERE p.free) AS z),
+    q AS (SELECT p.free, CASE WHEN p.free THEN false ELSE pg_try_advisory_lock_shared($1) END AS room
+        FROM p),
+    r AS (SELECT count(*) AS n FROM (SELECT CASE WHEN q.free THEN pg_advisory_unlock($1)
+        ELSE pg_advisory_unlock_shared($1) END FROM q WHERE q.free OR q.room) AS z),
     a AS (SELECT count(*) AS n FROM (SELECT pg_advisory_unlock_all() FROM r WHERE $3) AS x),
-    w AS (SELECT count(*) AS n FROM (SELECT pg_notify('fenced_wake', $2) FROM p WHERE p.free) AS y)
+    w AS (SELECT count(*) AS n FROM (SELECT pg_notify('fenced_wake', $2) FROM q
+        WHERE q.free OR q.room) AS y)
     SELECT u.was FROM u, r, a, w"
         )
     };
 }
 const UNLOCK_AND_WAKE: &str = unlock_and_wake!("pg_advisory_unlock");
 const UNLOCK_SHARED_AND_WAKE: &str = unlock_and_wake!("pg_advisory_unlock_shared");
+/// A waiter the server grants the lock to over a link that has gone dark
+/// would keep it until the server's TCP gives up on the reply (about 15
+/// minutes): the server drops a connection whose data goes unacknowledged
+/// for $1 ms, a request timeout (PostgreSQL ≥ 12; a Unix socket ignores it).
+const USER_TIMEOUT: &str = "SELECT CASE WHEN current_setting('server_version_num')::int >= 120000
+    THEN set_config('tcp_user_timeout', $1, false) END AS set";
 /// The server's idle-session timeout in ms (PostgreSQL ≥ 14; no row before).
 const IDLE_TIMEOUT: &str =
     "SELECT setting::bigint AS ms FROM pg_settings WHERE name = 'idle_session_timeout'";
@@ -197,6 +238,16 @@ struct SessionHold {
     ended: Watch<bool>,
     /// Until when the server keeps the session (with an idle timeout).
     alive: Option<Watch<Instant>>,
+}
+
+/// How a try waits (see [`PgAdvisory::server_wait`]).
+enum ServerWait {
+    /// In the server, for so long, holding its turn.
+    Turn(Duration, tokio::sync::OwnedSemaphorePermit),
+    /// It does not wait: one try.
+    Try,
+    /// Its turn did not come within its wait.
+    NoTurn,
 }
 
 type Holds = Arc<Mutex<HashMap<String, Arc<SessionHold>>>>;
@@ -242,7 +293,13 @@ impl PgAdvisory {
             .await
             .map_err(|e| self.db(e))?;
         // Tokens are raised over this session: they must survive a crash.
-        crate::backend::sql::postgres::queries::prepare(&mut c, self.table.request_timeout())
+        let timeout = self.table.request_timeout();
+        crate::backend::sql::postgres::queries::prepare(&mut c, timeout)
+            .await
+            .map_err(|e| self.db(e))?;
+        sqlx::query(USER_TIMEOUT)
+            .bind(timeout.as_millis().max(1).to_string())
+            .execute(&mut c)
             .await
             .map_err(|e| self.db(e))?;
         Ok(c)
@@ -297,6 +354,22 @@ impl PgAdvisory {
             .find(|h| h.key == k && h.owner == req.owner_key)
             .map(|h| h.conn.clone());
         let fresh = mine.is_none();
+        // A caller that waits, on a session of its own, waits in the
+        // server once its turn among this client's waiters comes.
+        let waits = match fresh {
+            true => match self.server_wait(req).await {
+                ServerWait::Turn(wait, room) => Some((wait, room)),
+                ServerWait::Try => None,
+                // Its turn did not come within the wait: it asks again.
+                ServerWait::NoTurn => {
+                    return Ok(Outcome::Busy(Blocked {
+                        ticket: None,
+                        retry_after: Some(Duration::ZERO),
+                    }));
+                }
+            },
+            false => None,
+        };
         let session: Session = match mine {
             Some(s) => s,
             None => Arc::new(tokio::sync::Mutex::new(Some(self.session().await?))),
@@ -317,12 +390,10 @@ impl PgAdvisory {
                 )));
             };
             // A session of its own takes the lock and its token in one
-            // statement, waiting in the server if the caller waits; one
-            // this owner's other hold uses already takes them in two (and
-            // does not wait: it holds the lock), so that a failure between
-            // them can unlock its own level of the lock alone, leaving the
-            // other hold's.
-            let waits = fresh.then(|| self.server_wait(req)).flatten();
+            // statement. One this owner's other hold uses (a writer taking
+            // read) takes them in two, so that a failure between them
+            // unlocks its own level of the lock alone, leaving the other
+            // hold's.
             let got = if fresh {
                 let sql = match (&waits, shared) {
                     (Some(_), false) => WAIT_LOCK_AND_TOKEN,
@@ -335,26 +406,22 @@ impl PgAdvisory {
                     .bind(k)
                     .bind(req.name.as_str());
                 match &waits {
-                    Some((wait, _)) => q.bind(wait.as_millis().max(1).to_string()),
+                    Some((wait, _)) => q
+                        .bind(wait.as_millis().max(1).to_string())
+                        .bind(self.request_timeout().as_millis().max(1).to_string()),
                     None => q,
                 }
                 .fetch_one(&mut *conn)
                 .await
                 .and_then(|r| Ok((r.try_get("got")?, r.try_get::<Option<i64>, _>("token")?)))
-                .or_else(|e| match e {
-                    // Not granted within the wait: nothing is held.
-                    e if has_state(&e, &["55P03"]) && waits.is_some() => Ok((false, None)),
-                    e => Err(e),
-                })
             } else {
-                sqlx::query(if shared { TRY_LOCK_SHARED } else { TRY_LOCK })
+                sqlx::query(if shared { OWN_LOCK_SHARED } else { OWN_LOCK })
                     .bind(&o[start..])
                     .bind(k)
                     .fetch_one(&mut *conn)
                     .await
                     .and_then(|r| Ok((r.try_get("got")?, None)))
-            }
-            .map_err(|e| self.db(e));
+            };
             match got {
                 Ok((true, Some(token))) => token as u64,
                 Ok((true, None)) => match self.table.next_token(conn, req.name.as_str()).await {
@@ -366,26 +433,57 @@ impl PgAdvisory {
                             .await;
                         if fresh && let Some(c) = guard.take() {
                             let _ = c.close().await;
+                            self.table.wake_waiters(req.name.as_str()).await;
                         }
                         return Err(e);
                     }
                 },
+                // Not granted within the wait. The server may have
+                // granted it as the wait ran out, and a session lock
+                // outlives the failed statement: the session gives back
+                // whatever it holds, as a release does, before it is kept.
+                Err(e) if waits.is_some() && has_state(&e, &["55P03"]) => {
+                    if let Some(mut c) = guard.take() {
+                        let cleared = sqlx::query(if shared {
+                            UNLOCK_SHARED_AND_WAKE
+                        } else {
+                            UNLOCK_AND_WAKE
+                        })
+                        .bind(k)
+                        .bind(req.name.as_str())
+                        .bind(true)
+                        .fetch_one(&mut c)
+                        .await;
+                        if cleared.is_ok() {
+                            self.idle.put(c);
+                        } else {
+                            let _ = c.close().await;
+                            self.table.wake_waiters(req.name.as_str()).await;
+                        }
+                    }
+                    // It asks again at once: nothing else tells it to.
+                    return Ok(Outcome::Busy(Blocked {
+                        ticket: None,
+                        retry_after: Some(Duration::ZERO),
+                    }));
+                }
                 other => {
+                    let other = other.map_err(|e| self.db(e));
                     if fresh && let Some(c) = guard.take() {
                         match other {
                             // It holds nothing: keep it for the next try.
                             Ok((false, _)) => self.idle.put(c),
+                            // It may hold the lock: closing frees it.
                             _ => {
                                 let _ = c.close().await;
+                                self.table.wake_waiters(req.name.as_str()).await;
                             }
                         }
                     }
                     other?;
-                    // A try that waited in the server goes back to it at
-                    // once: no notification comes for what it waited out.
                     return Ok(Outcome::Busy(Blocked {
                         ticket: None,
-                        retry_after: waits.map(|_| Duration::ZERO),
+                        retry_after: None,
                     }));
                 }
             }
@@ -413,28 +511,40 @@ impl PgAdvisory {
         })
     }
 
-    /// How long `req`'s try may wait in the server, with the room it
-    /// takes: none unless its caller waits and there is room, and never
-    /// past the caller's deadline, [`SERVER_WAIT`], half a request
-    /// timeout (the core's patience with a try) or a quarter of the lease
-    /// (which counts from the try's start, so that a grant at the end of
-    /// the wait does not arrive spent).
-    fn server_wait(&self, req: &Attempt) -> Option<(Duration, tokio::sync::OwnedSemaphorePermit)> {
+    /// How `req`'s try waits. A caller that waits takes a turn among this
+    /// client's waiters, in order ([`SERVER_WAITERS`] at once), and then
+    /// waits in the server; never past its deadline, [`SERVER_WAIT`] in
+    /// all, half a request timeout (the core's patience with a try), a
+    /// quarter of the lease or of the server's idle-session timeout (both
+    /// count from the try's start, so that a grant at the end of the wait
+    /// does not arrive spent).
+    async fn server_wait(&self, req: &Attempt) -> ServerWait {
         if !req.will_wait {
-            return None;
+            return ServerWait::Try;
         }
+        let started = Instant::now();
         let left = req
             .until
-            .map_or(SERVER_WAIT, |d| d.saturating_duration_since(Instant::now()));
-        let wait = left
+            .map_or(SERVER_WAIT, |d| d.saturating_duration_since(started));
+        let mut wait = left
             .min(SERVER_WAIT)
             .min(self.request_timeout() / 2)
             .min(req.lease / 4);
-        if wait < MIN_SERVER_WAIT {
-            return None;
+        if let Some(t) = self.idle_timeout {
+            wait = wait.min(t / 4);
         }
-        let room = self.server_waiters.clone().try_acquire_owned().ok()?;
-        Some((wait, room))
+        if wait < MIN_SERVER_WAIT {
+            return ServerWait::Try;
+        }
+        let turn = self.server_waiters.clone().acquire_owned();
+        match tokio::time::timeout(wait, turn).await {
+            Ok(Ok(room)) => match wait.checked_sub(started.elapsed()) {
+                Some(rest) if rest >= MIN_SERVER_WAIT => ServerWait::Turn(rest, room),
+                _ => ServerWait::NoTurn,
+            },
+            Ok(Err(_)) => ServerWait::Try,
+            Err(_) => ServerWait::NoTurn,
+        }
     }
 
     /// Unlocks and closes the session of `hold_id`; whether it still held.
@@ -454,8 +564,8 @@ impl PgAdvisory {
 /// Unlocks the hold and wakes the name's waiters, and gives its session
 /// back (to the idle stack when the unlock was confirmed, else closed)
 /// unless another hold of the owner uses it; whether the lock was still
-/// held, `None` if the session failed (closing it freed the lock, and the
-/// waiters are then woken over the pool).
+/// held, `None` if the session failed (closing it freed the lock). When
+/// the statement did not run, the waiters are woken over the pool.
 async fn unlock(
     hold: &SessionHold,
     idle: &IdleSessions<PgConnection>,
@@ -480,6 +590,9 @@ async fn unlock(
     .fetch_one(&mut *c)
     .await
     .and_then(|r| r.try_get::<bool, _>("was"));
+    // A statement that did not run sent no wake-up for the lock its
+    // session's end freed.
+    let woke = was.is_ok();
     let was = match was {
         Ok(was) => Some(was),
         // The server ended the session before it ran the unlock (an
@@ -497,7 +610,7 @@ async fn unlock(
         }
     }
     drop(guard);
-    if was.is_none() {
+    if !woke {
         table.wake_waiters(hold.name.as_str()).await;
     }
     was
