@@ -10,22 +10,22 @@
 //!
 //! **Waiting** is in the server's own queue, as a session lock waits: a
 //! caller that waits takes `pg_advisory_lock` on a session of its own, up
-//! to 0.9 s at a time (a `lock_timeout` for that statement), and the
-//! server grants it the moment the lock comes free. A client keeps at
-//! most 8 such waits at once; its other waiters queue for a turn, in
-//! order. Waits too short to be worth a session (under 10 ms) try once
-//! and wait for a release's `NOTIFY`, as every waiter of older versions
-//! does; a release notifies only when a probe in its statement finds
-//! that a waiter could get in, since a hand-over inside the server needs
-//! no wake-up. Such waiters find the lock taken while others wait in the
-//! server (a try fails behind a queued request), so under steady
+//! to 2 s at a time (a `lock_timeout` for that statement; the server logs
+//! each wait that runs out as a "lock timeout" error), and the server
+//! grants it the moment the lock comes free. One waiter of each lock per
+//! client waits in the server, and at most 8 in all; the client's other
+//! waiters queue for their turn, in order (a free lock needs none: they
+//! try once first). Waits too short to be worth a session (under 10 ms)
+//! try once and wait for a release's `NOTIFY`, as every waiter of older
+//! versions does; a release notifies only when a probe in its statement
+//! finds that a waiter could get in, since a hand-over inside the server
+//! needs no wake-up. Such waiters find the lock taken while others wait
+//! in the server (a try fails behind a queued request), so under steady
 //! contention they get it only when the queue empties.
 //!
 //! A waiter is granted the lock even if its process is stopped or its
-//! link has gone dark, as a holder keeps it: the server ends the session
-//! when the grant's reply goes unacknowledged for a request timeout
-//! (`tcp_user_timeout`), and a stopped process that resumes with a grant
-//! whose lease has run out gives it back.
+//! link has gone dark, as a holder keeps it: until it resumes (and gives
+//! back a grant whose lease has run out), or the server ends the session.
 //!
 //! **Leases** still hold: a hold whose lease ends without a renewal (a
 //! fixed lease, or a guard leaked by a live process) closes its session,
@@ -141,17 +141,21 @@ const WAIT_LOCK_SHARED_AND_TOKEN: &str = concat!(
 /// The longest one try waits in the server ([`WAIT_LOCK_AND_TOKEN`]);
 /// a waiter not granted by then asks again at once (at the back of the
 /// server's queue). It bounds how long a try whose caller went away (or
-/// whose process is stopping) stays queued. Under the server's
-/// `deadlock_timeout` (1 s by default), whose check every wait that
-/// reaches it makes, taking every lock partition.
-const SERVER_WAIT: Duration = Duration::from_millis(900);
-/// How many tries of one client wait in the server at once, each on a
-/// session of its own; the client's other waiters queue for their turn,
-/// in order.
+/// whose process is stopping) stays queued. Each wait that runs out is
+/// one "canceling statement due to lock timeout" error in the server's
+/// log: a longer wait would log less, but a try must answer within the
+/// core's patience (a request timeout, 5 s by default).
+const SERVER_WAIT: Duration = Duration::from_secs(2);
+/// How many of one client's tries wait in the server at once (one per
+/// lock), each on a session of its own; the rest queue for their turn.
 const SERVER_WAITERS: usize = 8;
 /// A wait shorter than this is not worth a session: the try asks once,
 /// and waits for a release's notification.
 const MIN_SERVER_WAIT: Duration = Duration::from_millis(10);
+/// What a session that waited in vain runs before it is kept: a grant
+/// that raced the wait's end is given back (a session waits only on a
+/// session of its own, which holds nothing else).
+const UNLOCK_ALL: &str = "SELECT count(*) AS n FROM (SELECT pg_advisory_unlock_all()) AS u";
 const UNLOCK: &str = "SELECT pg_advisory_unlock($1) AS was";
 const UNLOCK_SHARED: &str = "SELECT pg_advisory_unlock_shared($1) AS was";
 /// A release in one round trip: the unlock of key $1 by `$unlock`
@@ -192,12 +196,6 @@ macro_rules! unlock_and_wake {
 }
 const UNLOCK_AND_WAKE: &str = unlock_and_wake!("pg_advisory_unlock");
 const UNLOCK_SHARED_AND_WAKE: &str = unlock_and_wake!("pg_advisory_unlock_shared");
-/// A waiter the server grants the lock to over a link that has gone dark
-/// would keep it until the server's TCP gives up on the reply (about 15
-/// minutes): the server drops a connection whose data goes unacknowledged
-/// for $1 ms, a request timeout (PostgreSQL ≥ 12; a Unix socket ignores it).
-const USER_TIMEOUT: &str = "SELECT CASE WHEN current_setting('server_version_num')::int >= 120000
-    THEN set_config('tcp_user_timeout', $1, false) END AS set";
 /// The server's idle-session timeout in ms (PostgreSQL ≥ 14; no row before).
 const IDLE_TIMEOUT: &str =
     "SELECT setting::bigint AS ms FROM pg_settings WHERE name = 'idle_session_timeout'";
@@ -240,14 +238,82 @@ struct SessionHold {
     alive: Option<Watch<Instant>>,
 }
 
-/// How a try waits (see [`PgAdvisory::server_wait`]).
-enum ServerWait {
-    /// In the server, for so long, holding its turn.
-    Turn(Duration, tokio::sync::OwnedSemaphorePermit),
-    /// It does not wait: one try.
-    Try,
-    /// Its turn did not come within its wait.
-    NoTurn,
+/// A busy answer, to be asked again after `retry_after` (`None`: when
+/// told, or at the core's fallback).
+fn busy(retry_after: Option<Duration>) -> Outcome {
+    Outcome::Busy(Blocked {
+        ticket: None,
+        retry_after,
+    })
+}
+
+/// The error of a statement that had no answer within `limit`.
+fn no_answer(limit: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no answer within {limit:?}"),
+    ))
+}
+
+/// This client's turns to wait in the server: one waiter of each lock at
+/// a time (its other waiters of that lock queue behind it, in order:
+/// only one can be granted next), and at most [`SERVER_WAITERS`] in all,
+/// each on a session of its own.
+struct Turns {
+    names: Mutex<HashMap<i64, Arc<tokio::sync::Semaphore>>>,
+    all: Arc<tokio::sync::Semaphore>,
+}
+
+/// A turn to wait in the server (see [`Turns`]).
+struct Turn {
+    _name: tokio::sync::OwnedSemaphorePermit,
+    _all: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Turns {
+    fn new() -> Self {
+        Turns {
+            names: Mutex::new(HashMap::new()),
+            all: Arc::new(tokio::sync::Semaphore::new(SERVER_WAITERS)),
+        }
+    }
+
+    /// Key `k`'s queue of this client's waiters; queues no one holds or
+    /// waits on are dropped.
+    fn of(&self, k: i64) -> Arc<tokio::sync::Semaphore> {
+        let mut names = unpoisoned(&self.names);
+        names.retain(|_, q| Arc::strong_count(q) > 1);
+        names
+            .entry(k)
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
+            .clone()
+    }
+
+    /// A turn at once, if one is free.
+    fn now(&self, k: i64) -> Option<Turn> {
+        let name = self.of(k).try_acquire_owned().ok()?;
+        let all = self.all.clone().try_acquire_owned().ok()?;
+        Some(Turn {
+            _name: name,
+            _all: all,
+        })
+    }
+
+    /// A turn within `wait`, in order.
+    async fn wait(&self, k: i64, wait: Duration) -> Option<Turn> {
+        let (queue, all) = (self.of(k), self.all.clone());
+        tokio::time::timeout(wait, async move {
+            let name = queue.acquire_owned().await.ok()?;
+            let all = all.acquire_owned().await.ok()?;
+            Some(Turn {
+                _name: name,
+                _all: all,
+            })
+        })
+        .await
+        .ok()
+        .flatten()
+    }
 }
 
 type Holds = Arc<Mutex<HashMap<String, Arc<SessionHold>>>>;
@@ -260,8 +326,8 @@ pub(crate) struct PgAdvisory {
     idle: Arc<IdleSessions<PgConnection>>,
     /// The server's `idle_session_timeout`, when it ends idle sessions.
     idle_timeout: Option<Duration>,
-    /// Room for tries that wait in the server ([`SERVER_WAITERS`]).
-    server_waiters: Arc<tokio::sync::Semaphore>,
+    /// This client's turns to wait in the server.
+    turns: Turns,
 }
 
 impl PgAdvisory {
@@ -275,7 +341,7 @@ impl PgAdvisory {
             holds: Default::default(),
             idle: Arc::new(IdleSessions::new()),
             idle_timeout: None,
-            server_waiters: Arc::new(tokio::sync::Semaphore::new(SERVER_WAITERS)),
+            turns: Turns::new(),
         };
         me.idle_timeout = me.check_session_pinning().await?;
         Ok(Arc::new(me))
@@ -293,13 +359,7 @@ impl PgAdvisory {
             .await
             .map_err(|e| self.db(e))?;
         // Tokens are raised over this session: they must survive a crash.
-        let timeout = self.table.request_timeout();
-        crate::backend::sql::postgres::queries::prepare(&mut c, timeout)
-            .await
-            .map_err(|e| self.db(e))?;
-        sqlx::query(USER_TIMEOUT)
-            .bind(timeout.as_millis().max(1).to_string())
-            .execute(&mut c)
+        crate::backend::sql::postgres::queries::prepare(&mut c, self.table.request_timeout())
             .await
             .map_err(|e| self.db(e))?;
         Ok(c)
@@ -353,23 +413,79 @@ impl PgAdvisory {
             .values()
             .find(|h| h.key == k && h.owner == req.owner_key)
             .map(|h| h.conn.clone());
-        let fresh = mine.is_none();
-        // A caller that waits, on a session of its own, waits in the
-        // server once its turn among this client's waiters comes.
-        let waits = match fresh {
-            true => match self.server_wait(req).await {
-                ServerWait::Turn(wait, room) => Some((wait, room)),
-                ServerWait::Try => None,
-                // Its turn did not come within the wait: it asks again.
-                ServerWait::NoTurn => {
-                    return Ok(Outcome::Busy(Blocked {
-                        ticket: None,
-                        retry_after: Some(Duration::ZERO),
-                    }));
-                }
-            },
-            false => None,
+        let started = Instant::now();
+        let window = match (&mine, self.window(req)) {
+            (None, Some(window)) => window,
+            // A session this owner's other hold uses, or a caller that does
+            // not wait (or not long enough to be worth a session): one try.
+            _ => return self.take(req, shared, k, mine, None).await,
         };
+        let turn = match self.turns.now(k) {
+            Some(turn) => turn,
+            None => {
+                // Another of this client's waiters has the turn. The lock
+                // may be free all the same (that waiter's grant is on its
+                // way): one try first, which takes no turn.
+                match self.take(req, shared, k, None, None).await? {
+                    Outcome::Busy(_) => {}
+                    done => return Ok(done),
+                }
+                let rest = window.saturating_sub(started.elapsed());
+                match self.turns.wait(k, rest).await {
+                    Some(turn) => turn,
+                    // Its turn did not come within the wait: it asks again.
+                    None => return Ok(busy(Some(Duration::ZERO))),
+                }
+            }
+        };
+        match window.checked_sub(started.elapsed()) {
+            Some(rest) if rest >= MIN_SERVER_WAIT => {
+                self.take(req, shared, k, None, Some((rest, turn))).await
+            }
+            // Too little of the wait is left for one in the server: one
+            // try, and if busy, ask again at once (for a turn).
+            _ => match self.take(req, shared, k, None, None).await? {
+                Outcome::Busy(_) => Ok(busy(Some(Duration::ZERO))),
+                done => Ok(done),
+            },
+        }
+    }
+
+    /// How long `req`'s try may wait in the server, if at all: a caller
+    /// that waits, never past its deadline, [`SERVER_WAIT`], half a
+    /// request timeout (the core hears from a try within one), a quarter
+    /// of the lease or of the server's idle-session timeout (both count
+    /// from the try's start, so that a grant at the end of the wait does
+    /// not arrive spent); not under [`MIN_SERVER_WAIT`].
+    fn window(&self, req: &Attempt) -> Option<Duration> {
+        if !req.will_wait {
+            return None;
+        }
+        let left = req
+            .until
+            .map_or(SERVER_WAIT, |d| d.saturating_duration_since(Instant::now()));
+        let mut wait = left
+            .min(SERVER_WAIT)
+            .min(self.request_timeout() / 2)
+            .min(req.lease / 4);
+        if let Some(t) = self.idle_timeout {
+            wait = wait.min(t / 4);
+        }
+        (wait >= MIN_SERVER_WAIT).then_some(wait)
+    }
+
+    /// One try of `req` on key `k`, on `mine` (the session of this owner's
+    /// other hold) or a session of its own, waiting in the server for up
+    /// to the time `waits` gives, in its turn.
+    async fn take(
+        &self,
+        req: &Attempt,
+        shared: bool,
+        k: i64,
+        mine: Option<Session>,
+        waits: Option<(Duration, Turn)>,
+    ) -> Result<Outcome> {
+        let fresh = mine.is_none();
         let session: Session = match mine {
             Some(s) => s,
             None => Arc::new(tokio::sync::Mutex::new(Some(self.session().await?))),
@@ -380,6 +496,7 @@ impl PgAdvisory {
         while !o.is_char_boundary(start) {
             start += 1;
         }
+        let timeout = self.request_timeout();
         let sent = Instant::now();
         let token = {
             let mut guard = session.lock().await;
@@ -394,34 +511,43 @@ impl PgAdvisory {
             // read) takes them in two, so that a failure between them
             // unlocks its own level of the lock alone, leaving the other
             // hold's.
-            let got = if fresh {
-                let sql = match (&waits, shared) {
-                    (Some(_), false) => WAIT_LOCK_AND_TOKEN,
-                    (Some(_), true) => WAIT_LOCK_SHARED_AND_TOKEN,
-                    (None, false) => LOCK_AND_TOKEN,
-                    (None, true) => LOCK_SHARED_AND_TOKEN,
-                };
-                let q = sqlx::query(sql)
-                    .bind(&o[start..])
-                    .bind(k)
-                    .bind(req.name.as_str());
-                match &waits {
-                    Some((wait, _)) => q
-                        .bind(wait.as_millis().max(1).to_string())
-                        .bind(self.request_timeout().as_millis().max(1).to_string()),
-                    None => q,
-                }
-                .fetch_one(&mut *conn)
-                .await
-                .and_then(|r| Ok((r.try_get("got")?, r.try_get::<Option<i64>, _>("token")?)))
-            } else {
-                sqlx::query(if shared { OWN_LOCK_SHARED } else { OWN_LOCK })
-                    .bind(&o[start..])
-                    .bind(k)
+            let statement = async {
+                if fresh {
+                    let sql = match (&waits, shared) {
+                        (Some(_), false) => WAIT_LOCK_AND_TOKEN,
+                        (Some(_), true) => WAIT_LOCK_SHARED_AND_TOKEN,
+                        (None, false) => LOCK_AND_TOKEN,
+                        (None, true) => LOCK_SHARED_AND_TOKEN,
+                    };
+                    let q = sqlx::query(sql)
+                        .bind(&o[start..])
+                        .bind(k)
+                        .bind(req.name.as_str());
+                    match &waits {
+                        Some((wait, _)) => q
+                            .bind(wait.as_millis().max(1).to_string())
+                            .bind(timeout.as_millis().max(1).to_string()),
+                        None => q,
+                    }
                     .fetch_one(&mut *conn)
                     .await
-                    .and_then(|r| Ok((r.try_get("got")?, None)))
+                    .and_then(|r| Ok((r.try_get("got")?, r.try_get::<Option<i64>, _>("token")?)))
+                } else {
+                    sqlx::query(if shared { OWN_LOCK_SHARED } else { OWN_LOCK })
+                        .bind(&o[start..])
+                        .bind(k)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .and_then(|r| Ok((r.try_get("got")?, None)))
+                }
             };
+            // Bounded here, not only by the server: over a link gone dark
+            // the answer may never come, and the try would keep its turn
+            // (and its call slot) for ever.
+            let limit = waits.as_ref().map_or(timeout, |(w, _)| *w + timeout);
+            let got = tokio::time::timeout(limit, statement)
+                .await
+                .unwrap_or_else(|_| Err(no_answer(limit)));
             match got {
                 Ok((true, Some(token))) => token as u64,
                 Ok((true, None)) => match self.table.next_token(conn, req.name.as_str()).await {
@@ -432,40 +558,28 @@ impl PgAdvisory {
                             .execute(&mut *conn)
                             .await;
                         if fresh && let Some(c) = guard.take() {
-                            let _ = c.close().await;
-                            self.table.wake_waiters(req.name.as_str()).await;
+                            self.discard(c, req.name.as_str()).await;
                         }
                         return Err(e);
                     }
                 },
                 // Not granted within the wait. The server may have
                 // granted it as the wait ran out, and a session lock
-                // outlives the failed statement: the session gives back
-                // whatever it holds, as a release does, before it is kept.
+                // outlives the failed statement: the session (its own)
+                // gives back whatever it holds before it is kept.
                 Err(e) if waits.is_some() && has_state(&e, &["55P03"]) => {
                     if let Some(mut c) = guard.take() {
-                        let cleared = sqlx::query(if shared {
-                            UNLOCK_SHARED_AND_WAKE
-                        } else {
-                            UNLOCK_AND_WAKE
-                        })
-                        .bind(k)
-                        .bind(req.name.as_str())
-                        .bind(true)
-                        .fetch_one(&mut c)
-                        .await;
-                        if cleared.is_ok() {
+                        let cleared =
+                            tokio::time::timeout(timeout, sqlx::query(UNLOCK_ALL).execute(&mut c))
+                                .await;
+                        if matches!(cleared, Ok(Ok(_))) {
                             self.idle.put(c);
                         } else {
-                            let _ = c.close().await;
-                            self.table.wake_waiters(req.name.as_str()).await;
+                            self.discard(c, req.name.as_str()).await;
                         }
                     }
                     // It asks again at once: nothing else tells it to.
-                    return Ok(Outcome::Busy(Blocked {
-                        ticket: None,
-                        retry_after: Some(Duration::ZERO),
-                    }));
+                    return Ok(busy(Some(Duration::ZERO)));
                 }
                 other => {
                     let other = other.map_err(|e| self.db(e));
@@ -474,20 +588,15 @@ impl PgAdvisory {
                             // It holds nothing: keep it for the next try.
                             Ok((false, _)) => self.idle.put(c),
                             // It may hold the lock: closing frees it.
-                            _ => {
-                                let _ = c.close().await;
-                                self.table.wake_waiters(req.name.as_str()).await;
-                            }
+                            _ => self.discard(c, req.name.as_str()).await,
                         }
                     }
                     other?;
-                    return Ok(Outcome::Busy(Blocked {
-                        ticket: None,
-                        retry_after: None,
-                    }));
+                    return Ok(busy(None));
                 }
             }
         };
+        drop(waits);
         let alive = self
             .idle_timeout
             .map(|t| Watch::new(believed_until(sent, t)));
@@ -511,40 +620,11 @@ impl PgAdvisory {
         })
     }
 
-    /// How `req`'s try waits. A caller that waits takes a turn among this
-    /// client's waiters, in order ([`SERVER_WAITERS`] at once), and then
-    /// waits in the server; never past its deadline, [`SERVER_WAIT`] in
-    /// all, half a request timeout (the core's patience with a try), a
-    /// quarter of the lease or of the server's idle-session timeout (both
-    /// count from the try's start, so that a grant at the end of the wait
-    /// does not arrive spent).
-    async fn server_wait(&self, req: &Attempt) -> ServerWait {
-        if !req.will_wait {
-            return ServerWait::Try;
-        }
-        let started = Instant::now();
-        let left = req
-            .until
-            .map_or(SERVER_WAIT, |d| d.saturating_duration_since(started));
-        let mut wait = left
-            .min(SERVER_WAIT)
-            .min(self.request_timeout() / 2)
-            .min(req.lease / 4);
-        if let Some(t) = self.idle_timeout {
-            wait = wait.min(t / 4);
-        }
-        if wait < MIN_SERVER_WAIT {
-            return ServerWait::Try;
-        }
-        let turn = self.server_waiters.clone().acquire_owned();
-        match tokio::time::timeout(wait, turn).await {
-            Ok(Ok(room)) => match wait.checked_sub(started.elapsed()) {
-                Some(rest) if rest >= MIN_SERVER_WAIT => ServerWait::Turn(rest, room),
-                _ => ServerWait::NoTurn,
-            },
-            Ok(Err(_)) => ServerWait::Try,
-            Err(_) => ServerWait::NoTurn,
-        }
+    /// Closes a session that may hold the lock of `name` (which frees it),
+    /// within a request timeout, and wakes the lock's waiters.
+    async fn discard(&self, c: PgConnection, name: &str) {
+        let _ = tokio::time::timeout(self.request_timeout(), c.close()).await;
+        self.table.wake_waiters(name).await;
     }
 
     /// Unlocks and closes the session of `hold_id`; whether it still held.
