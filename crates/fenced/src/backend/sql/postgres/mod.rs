@@ -77,9 +77,10 @@ impl PgBackend {
     /// Opens `postgres://…`: the lease table, or with `?mode=advisory`
     /// session advisory locks beside it.
     pub(crate) async fn open(url: &str, wakeups: Arc<Wakeups>) -> Result<Arc<dyn Backend>> {
-        let (me, opts, advisory) = PgBackend::open_table(url, wakeups).await?;
+        let (me, opts, advisory) = PgBackend::open_table(url, wakeups.clone()).await?;
         if advisory {
-            return crate::backend::sql::postgres_advisory::PgAdvisory::open(me, opts).await;
+            return crate::backend::sql::postgres_advisory::PgAdvisory::open(me, opts, wakeups)
+                .await;
         }
         Ok(me)
     }

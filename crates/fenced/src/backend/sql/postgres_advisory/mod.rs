@@ -12,14 +12,15 @@
 //! caller that waits takes `pg_advisory_lock` on a session of its own, up
 //! to 2 s at a time (a `lock_timeout` for that statement; the server logs
 //! each wait that runs out as a "lock timeout" error), and the server
-//! grants it the moment the lock comes free. One waiter of each lock per
-//! client waits in the server, and at most 8 in all; the client's other
-//! waiters queue for their turn, in order (a free lock needs none: they
-//! try once first). Waits too short to be worth a session (under 10 ms)
-//! try once and wait for a release's `NOTIFY`, as every waiter of older
-//! versions does; a release notifies only when a probe in its statement
-//! finds that a waiter could get in, since a hand-over inside the server
-//! needs no wake-up. Such waiters find the lock taken while others wait
+//! grants it the moment the lock comes free. Of one client's writers of
+//! a lock, one at a time waits there (and keeps that place while it
+//! holds); readers wait there together; at most 8 waits per client in
+//! all. The client's other waiters wait to be woken when a place comes
+//! free (one whose lock may be free tries once first). Waits too short
+//! to be worth a session (under 10 ms) try once and wait for a release's
+//! `NOTIFY`, as every waiter of older versions does; a release notifies
+//! only when a probe in its statement finds that a waiter could get in,
+//! since a hand-over inside the server needs no wake-up. Such waiters find the lock taken while others wait
 //! in the server (a try fails behind a queued request), so under steady
 //! contention they get it only when the queue empties.
 //!
@@ -236,6 +237,8 @@ struct SessionHold {
     ended: Watch<bool>,
     /// Until when the server keeps the session (with an idle timeout).
     alive: Option<Watch<Instant>>,
+    /// A writer's turn, given back at the release (see [`WriterTurn`]).
+    turn: Mutex<Option<WriterTurn>>,
 }
 
 /// A busy answer, to be asked again after `retry_after` (`None`: when
@@ -255,64 +258,109 @@ fn no_answer(limit: Duration) -> sqlx::Error {
     ))
 }
 
-/// This client's turns to wait in the server: one waiter of each lock at
-/// a time (its other waiters of that lock queue behind it, in order:
-/// only one can be granted next), and at most [`SERVER_WAITERS`] in all,
-/// each on a session of its own.
-struct Turns {
-    names: Mutex<HashMap<i64, Arc<tokio::sync::Semaphore>>>,
+/// This client's turns to wait in the server: one writer of each lock at
+/// a time (only one can be granted next: the client's others wait behind
+/// it), any number of readers, and at most [`SERVER_WAITERS`] waits in
+/// all, each on a session of its own. A try without a turn waits outside
+/// the backend, for the wake-up a turn's end sends (waiting for it inside
+/// would keep one of the client's call slots).
+struct Turns(Arc<TurnsInner>);
+
+struct TurnsInner {
+    /// The keys a writer of this client waits on in the server.
+    writers: Mutex<std::collections::HashSet<i64>>,
+    /// Locks whose waiters found every turn taken, oldest first: a turn's
+    /// end wakes the first too.
+    starved: Mutex<std::collections::VecDeque<LockName>>,
     all: Arc<tokio::sync::Semaphore>,
+    wakeups: Arc<crate::spi::wake::Wakeups>,
 }
 
-/// A turn to wait in the server (see [`Turns`]).
+/// Why a try has no turn.
+enum NoTurn {
+    /// Another of the client's writers of this lock waits in the server.
+    Lock,
+    /// Every one of the client's turns is taken.
+    Client,
+}
+
+/// A turn to wait in the server (see [`Turns`]). Its end wakes the
+/// waiters of the lock that has waited longest for a turn.
 struct Turn {
-    _name: tokio::sync::OwnedSemaphorePermit,
-    _all: tokio::sync::OwnedSemaphorePermit,
+    all: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// A writer's place, which a grant keeps until its release.
+    writer: Option<WriterTurn>,
+    turns: Arc<TurnsInner>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        // Given back before the wake-ups, so that the woken can take it.
+        drop(self.all.take());
+        drop(self.writer.take());
+        let starved = unpoisoned(&self.turns.starved).pop_front();
+        if let Some(n) = starved {
+            self.turns.wakeups.wake(n.as_str());
+        }
+    }
+}
+
+/// The place of the one writer of a lock that waits in the server (or
+/// holds the lock) for this client. Its end wakes the client's other
+/// waiters of the lock, one of which takes it next. A grant keeps it until
+/// its release: the next waiter is then woken by a task that has stopped
+/// waiting, not by one still in its try, which would take the call for
+/// itself.
+struct WriterTurn {
+    k: i64,
+    name: LockName,
+    turns: Arc<TurnsInner>,
+}
+
+impl Drop for WriterTurn {
+    fn drop(&mut self) {
+        unpoisoned(&self.turns.writers).remove(&self.k);
+        self.turns.wakeups.wake(self.name.as_str());
+    }
 }
 
 impl Turns {
-    fn new() -> Self {
-        Turns {
-            names: Mutex::new(HashMap::new()),
+    fn new(wakeups: Arc<crate::spi::wake::Wakeups>) -> Self {
+        Turns(Arc::new(TurnsInner {
+            writers: Mutex::new(std::collections::HashSet::new()),
+            starved: Mutex::new(std::collections::VecDeque::new()),
             all: Arc::new(tokio::sync::Semaphore::new(SERVER_WAITERS)),
+            wakeups,
+        }))
+    }
+
+    /// A turn for a waiter of lock `name` (key `k`), if one is free.
+    fn take(&self, name: &LockName, k: i64, shared: bool) -> std::result::Result<Turn, NoTurn> {
+        let t = &self.0;
+        if !shared && !unpoisoned(&t.writers).insert(k) {
+            return Err(NoTurn::Lock);
         }
-    }
-
-    /// Key `k`'s queue of this client's waiters; queues no one holds or
-    /// waits on are dropped.
-    fn of(&self, k: i64) -> Arc<tokio::sync::Semaphore> {
-        let mut names = unpoisoned(&self.names);
-        names.retain(|_, q| Arc::strong_count(q) > 1);
-        names
-            .entry(k)
-            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
-            .clone()
-    }
-
-    /// A turn at once, if one is free.
-    fn now(&self, k: i64) -> Option<Turn> {
-        let name = self.of(k).try_acquire_owned().ok()?;
-        let all = self.all.clone().try_acquire_owned().ok()?;
-        Some(Turn {
-            _name: name,
-            _all: all,
-        })
-    }
-
-    /// A turn within `wait`, in order.
-    async fn wait(&self, k: i64, wait: Duration) -> Option<Turn> {
-        let (queue, all) = (self.of(k), self.all.clone());
-        tokio::time::timeout(wait, async move {
-            let name = queue.acquire_owned().await.ok()?;
-            let all = all.acquire_owned().await.ok()?;
-            Some(Turn {
-                _name: name,
-                _all: all,
-            })
-        })
-        .await
-        .ok()
-        .flatten()
+        match t.all.clone().try_acquire_owned() {
+            Ok(all) => Ok(Turn {
+                all: Some(all),
+                writer: (!shared).then(|| WriterTurn {
+                    k,
+                    name: name.clone(),
+                    turns: t.clone(),
+                }),
+                turns: t.clone(),
+            }),
+            Err(_) => {
+                if !shared {
+                    unpoisoned(&t.writers).remove(&k);
+                }
+                let mut starved = unpoisoned(&t.starved);
+                if !starved.contains(name) {
+                    starved.push_back(name.clone());
+                }
+                Err(NoTurn::Client)
+            }
+        }
     }
 }
 
@@ -334,6 +382,7 @@ impl PgAdvisory {
     pub(crate) async fn open(
         table: Arc<PgBackend>,
         opts: PgConnectOptions,
+        wakeups: Arc<crate::spi::wake::Wakeups>,
     ) -> Result<Arc<dyn Backend>> {
         let mut me = PgAdvisory {
             table,
@@ -341,7 +390,7 @@ impl PgAdvisory {
             holds: Default::default(),
             idle: Arc::new(IdleSessions::new()),
             idle_timeout: None,
-            turns: Turns::new(),
+            turns: Turns::new(wakeups),
         };
         me.idle_timeout = me.check_session_pinning().await?;
         Ok(Arc::new(me))
@@ -355,8 +404,10 @@ impl PgAdvisory {
         if let Some(c) = self.idle.take() {
             return Ok(c);
         }
-        let mut c = PgConnection::connect_with(&self.opts)
+        let timeout = self.table.request_timeout();
+        let mut c = tokio::time::timeout(timeout, PgConnection::connect_with(&self.opts))
             .await
+            .unwrap_or_else(|_| Err(no_answer(timeout)))
             .map_err(|e| self.db(e))?;
         // Tokens are raised over this session: they must survive a crash.
         crate::backend::sql::postgres::queries::prepare(&mut c, self.table.request_timeout())
@@ -413,41 +464,21 @@ impl PgAdvisory {
             .values()
             .find(|h| h.key == k && h.owner == req.owner_key)
             .map(|h| h.conn.clone());
-        let started = Instant::now();
         let window = match (&mine, self.window(req)) {
             (None, Some(window)) => window,
             // A session this owner's other hold uses, or a caller that does
             // not wait (or not long enough to be worth a session): one try.
             _ => return self.take(req, shared, k, mine, None).await,
         };
-        let turn = match self.turns.now(k) {
-            Some(turn) => turn,
-            None => {
-                // Another of this client's waiters has the turn. The lock
-                // may be free all the same (that waiter's grant is on its
-                // way): one try first, which takes no turn.
-                match self.take(req, shared, k, None, None).await? {
-                    Outcome::Busy(_) => {}
-                    done => return Ok(done),
-                }
-                let rest = window.saturating_sub(started.elapsed());
-                match self.turns.wait(k, rest).await {
-                    Some(turn) => turn,
-                    // Its turn did not come within the wait: it asks again.
-                    None => return Ok(busy(Some(Duration::ZERO))),
-                }
-            }
-        };
-        match window.checked_sub(started.elapsed()) {
-            Some(rest) if rest >= MIN_SERVER_WAIT => {
-                self.take(req, shared, k, None, Some((rest, turn))).await
-            }
-            // Too little of the wait is left for one in the server: one
-            // try, and if busy, ask again at once (for a turn).
-            _ => match self.take(req, shared, k, None, None).await? {
-                Outcome::Busy(_) => Ok(busy(Some(Duration::ZERO))),
-                done => Ok(done),
-            },
+        match self.turns.take(&req.name, k, shared) {
+            Ok(turn) => self.take(req, shared, k, None, Some((window, turn))).await,
+            // Another of this client's writers of this lock waits in the
+            // server: the lock is not free for this one. It waits to be
+            // told, when that turn ends or a release notifies.
+            Err(NoTurn::Lock) => Ok(busy(None)),
+            // Every turn is taken, by other locks' waiters: this lock may
+            // be free all the same. One try, then the same wait.
+            Err(NoTurn::Client) => self.take(req, shared, k, None, None).await,
         }
     }
 
@@ -544,7 +575,7 @@ impl PgAdvisory {
             // Bounded here, not only by the server: over a link gone dark
             // the answer may never come, and the try would keep its turn
             // (and its call slot) for ever.
-            let limit = waits.as_ref().map_or(timeout, |(w, _)| *w + timeout);
+            let limit = waits.as_ref().map_or(timeout, |(w, _)| *w + timeout / 2);
             let got = tokio::time::timeout(limit, statement)
                 .await
                 .unwrap_or_else(|_| Err(no_answer(limit)));
@@ -596,7 +627,7 @@ impl PgAdvisory {
                 }
             }
         };
-        drop(waits);
+        let turn = waits.and_then(|(_, mut t)| t.writer.take());
         let alive = self
             .idle_timeout
             .map(|t| Watch::new(believed_until(sent, t)));
@@ -609,6 +640,7 @@ impl PgAdvisory {
             name: req.name.clone(),
             ended: Watch::new(false),
             alive,
+            turn: Mutex::new(turn),
         });
         unpoisoned(&self.holds).insert(req.hold_id.clone(), hold.clone());
         if let Some(t) = self.idle_timeout {
@@ -624,7 +656,10 @@ impl PgAdvisory {
     /// within a request timeout, and wakes the lock's waiters.
     async fn discard(&self, c: PgConnection, name: &str) {
         let _ = tokio::time::timeout(self.request_timeout(), c.close()).await;
-        self.table.wake_waiters(name).await;
+        // In the background: with the server gone, the pool's wait for a
+        // connection would hold up the try's answer.
+        let (table, name) = (self.table.clone(), name.to_owned());
+        tokio::spawn(async move { table.wake_waiters(&name).await });
     }
 
     /// Unlocks and closes the session of `hold_id`; whether it still held.
@@ -637,7 +672,10 @@ impl PgAdvisory {
         };
         // Let its session keeper end now, dropping its share of the session.
         hold.ended.send_replace(true);
-        unlock(&hold, &self.idle, &self.table).await
+        let was = unlock(&hold, &self.idle, &self.table).await;
+        // The client's next writer of the lock may wait in the server now.
+        drop(unpoisoned(&hold.turn).take());
+        was
     }
 }
 
