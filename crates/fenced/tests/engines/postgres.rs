@@ -365,18 +365,24 @@ fn queued_in_server(server: &PgServer) -> String {
     server.sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
 }
 
-/// `mode=advisory`, at the defaults: a waiter waits in the server's own
-/// queue, so the release hands the lock over there; a release that hands
-/// it over wakes no one, and one that leaves it free wakes the listeners.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn advisory_waiters_wait_in_the_server_and_a_hand_over_wakes_no_one() {
-    let t = Timing::default();
+/// A server, two clients in `mode=advisory`, a lock named from `prefix`
+/// held by the first, and the second's `acquire` of it waiting in the
+/// server's queue.
+async fn held_with_a_waiter_in_the_server(
+    t: &Timing,
+    prefix: &str,
+) -> (
+    PgServer,
+    (fenced::Client, fenced::Client),
+    String,
+    fenced::Guard,
+    tokio::task::JoinHandle<fenced::Result<fenced::Guard>>,
+) {
     let server = PgServer::start();
     let url = format!("{}?mode=advisory", server.url());
     let (a, b) = fenced_testkit::two_clients(&url).await;
-    let name = unique("adv-queue");
+    let name = unique(prefix);
     let g = a.mutex(&name).unwrap().acquire().await.unwrap();
-    let first = g.fencing_token();
     let waiter = tokio::spawn({
         let m = b.mutex(&name).unwrap();
         async move { m.acquire().await }
@@ -385,6 +391,18 @@ async fn advisory_waiters_wait_in_the_server_and_a_hand_over_wakes_no_one() {
         queued_in_server(&server) == "1"
     })
     .await;
+    (server, (a, b), name, g, waiter)
+}
+
+/// `mode=advisory`, at the defaults: a waiter waits in the server's own
+/// queue, so the release hands the lock over there; a release that hands
+/// it over wakes no one, and one that leaves it free wakes the listeners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_waiters_wait_in_the_server_and_a_hand_over_wakes_no_one() {
+    let t = Timing::default();
+    let (server, _clients, name, g, waiter) =
+        held_with_a_waiter_in_the_server(&t, "adv-queue").await;
+    let first = g.fencing_token();
     let mut listener = sqlx::postgres::PgListener::connect(&server.url())
         .await
         .unwrap();
@@ -425,20 +443,8 @@ async fn advisory_waiters_wait_in_the_server_and_a_hand_over_wakes_no_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_a_waiter_dropped_in_the_server_queue_leaves_nothing() {
     let t = Timing::default();
-    let server = PgServer::start();
-    let url = format!("{}?mode=advisory", server.url());
-    let (a, b) = fenced_testkit::two_clients(&url).await;
-    let name = unique("adv-drop");
-    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let (server, (a, _b), name, g, waiter) = held_with_a_waiter_in_the_server(&t, "adv-drop").await;
     let first = g.fencing_token();
-    let waiter = tokio::spawn({
-        let m = b.mutex(&name).unwrap();
-        async move { m.acquire().await }
-    });
-    t.wait_until("the waiter waits in the server's queue", || async {
-        queued_in_server(&server) == "1"
-    })
-    .await;
     waiter.abort();
     // Released while the dropped try may still wait: the server may grant
     // it, and its cleanup then gives it back.

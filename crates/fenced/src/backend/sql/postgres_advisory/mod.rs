@@ -101,44 +101,45 @@ macro_rules! lock_and_token {
         )
     };
 }
-/// A try on a session of its own, with the name's token ($3) raised in
-/// the same statement when the lock is got: one round trip, not two. A
-/// failure leaves the lock (session-level, it outlives the aborted
+/// A try by `$lock` on a session of its own, with the name's token ($3)
+/// raised in the same statement when the lock is got: one round trip, not
+/// two. A failure leaves the lock (session-level, it outlives the aborted
 /// statement) or not: the caller closes the session, which frees it
 /// either way.
-const LOCK_AND_TOKEN: &str = concat!(
-    "WITH l AS (SELECT set_config('application_name', $1, false) AS app,
-        pg_try_advisory_lock($2) AS got),",
-    lock_and_token!("l")
-);
-/// [`LOCK_AND_TOKEN`] for a read hold.
-const LOCK_SHARED_AND_TOKEN: &str = concat!(
-    "WITH l AS (SELECT set_config('application_name', $1, false) AS app,
-        pg_try_advisory_lock_shared($2) AS got),",
-    lock_and_token!("l")
-);
-/// [`LOCK_AND_TOKEN`] that waits in the server's queue for the lock, up
-/// to $4 ms (a `lock_timeout` for this statement), as a session lock
-/// waits: the server grants it the moment it comes free, with no
-/// notification's hop and no herd of tries. The token's insert then
-/// waits as any statement does ($5 ms, the request timeout). Past $4 the
-/// statement fails with `lock_not_available` (55P03), which a grant can
-/// race: the caller then unlocks.
-const WAIT_LOCK_AND_TOKEN: &str = concat!(
-    "WITH c AS (SELECT set_config('application_name', $1, false) AS app,
+macro_rules! try_lock_and_token {
+    ($lock:literal) => {
+        concat!(
+            "WITH l AS (SELECT set_config('application_name', $1, false) AS app, ",
+            $lock,
+            "($2) AS got),",
+            lock_and_token!("l")
+        )
+    };
+}
+const LOCK_AND_TOKEN: &str = try_lock_and_token!("pg_try_advisory_lock");
+const LOCK_SHARED_AND_TOKEN: &str = try_lock_and_token!("pg_try_advisory_lock_shared");
+/// [`LOCK_AND_TOKEN`] that waits in the server's queue for the lock (by
+/// `$lock`), up to $4 ms (a `lock_timeout` for this statement), as a
+/// session lock waits: the server grants it the moment it comes free,
+/// with no notification's hop and no herd of tries. The token's insert
+/// then waits as any statement does ($5 ms, the request timeout). Past $4
+/// the statement fails with `lock_not_available` (55P03), which a grant
+/// can race: the caller then unlocks.
+macro_rules! wait_lock_and_token {
+    ($lock:literal) => {
+        concat!(
+            "WITH c AS (SELECT set_config('application_name', $1, false) AS app,
         set_config('lock_timeout', $4, true) AS wait),
-    l AS (SELECT count(*) > 0 AS got FROM (SELECT pg_advisory_lock($2) FROM c) AS x),
+    l AS (SELECT count(*) > 0 AS got FROM (SELECT ",
+            $lock,
+            "($2) FROM c) AS x),
     b AS (SELECT set_config('lock_timeout', $5, true) AS back FROM l),",
-    lock_and_token!("l, b")
-);
-/// [`WAIT_LOCK_AND_TOKEN`] for a read hold.
-const WAIT_LOCK_SHARED_AND_TOKEN: &str = concat!(
-    "WITH c AS (SELECT set_config('application_name', $1, false) AS app,
-        set_config('lock_timeout', $4, true) AS wait),
-    l AS (SELECT count(*) > 0 AS got FROM (SELECT pg_advisory_lock_shared($2) FROM c) AS x),
-    b AS (SELECT set_config('lock_timeout', $5, true) AS back FROM l),",
-    lock_and_token!("l, b")
-);
+            lock_and_token!("l, b")
+        )
+    };
+}
+const WAIT_LOCK_AND_TOKEN: &str = wait_lock_and_token!("pg_advisory_lock");
+const WAIT_LOCK_SHARED_AND_TOKEN: &str = wait_lock_and_token!("pg_advisory_lock_shared");
 /// The longest one try waits in the server ([`WAIT_LOCK_AND_TOKEN`]);
 /// a waiter not granted by then asks again at once (at the back of the
 /// server's queue). It bounds how long a try whose caller went away (or
