@@ -341,7 +341,21 @@ impl Turns {
         if !shared && !unpoisoned(&t.writers).insert(k) {
             return Err(NoTurn::Lock);
         }
-        match t.all.clone().try_acquire_owned() {
+        // Counted as starved before it looks, so that a turn that ends
+        // between its look and its record still wakes it.
+        let mut first = false;
+        {
+            let mut starved = unpoisoned(&t.starved);
+            if !starved.contains(name) {
+                starved.push_back(name.clone());
+                first = true;
+            }
+        }
+        let got = t.all.clone().try_acquire_owned();
+        if got.is_ok() && first {
+            unpoisoned(&t.starved).retain(|n| n != name);
+        }
+        match got {
             Ok(all) => Ok(Turn {
                 all: Some(all),
                 writer: (!shared).then(|| WriterTurn {
@@ -354,10 +368,6 @@ impl Turns {
             Err(_) => {
                 if !shared {
                     unpoisoned(&t.writers).remove(&k);
-                }
-                let mut starved = unpoisoned(&t.starved);
-                if !starved.contains(name) {
-                    starved.push_back(name.clone());
                 }
                 Err(NoTurn::Client)
             }
@@ -474,12 +484,11 @@ impl PgAdvisory {
         match self.turns.take(&req.name, k, shared) {
             Ok(turn) => self.take(req, shared, k, None, Some((window, turn))).await,
             // Another of this client's writers of this lock waits in the
-            // server: the lock is not free for this one. It waits to be
-            // told, when that turn ends or a release notifies.
-            Err(NoTurn::Lock) => Ok(busy(None)),
-            // Every turn is taken, by other locks' waiters: this lock may
-            // be free all the same. One try, then the same wait.
-            Err(NoTurn::Client) => self.take(req, shared, k, None, None).await,
+            // server or holds it, or every turn is taken by other locks'
+            // waiters. The lock may be free all the same (that hold's
+            // session may have died): one try, then it waits to be told,
+            // when a turn ends or a release notifies.
+            Err(NoTurn::Lock | NoTurn::Client) => self.take(req, shared, k, None, None).await,
         }
     }
 
@@ -671,11 +680,14 @@ impl PgAdvisory {
         let Some(hold) = unpoisoned(&self.holds).remove(hold_id) else {
             return Some(false);
         };
+        // Out before the first await: a release cut short still gives the
+        // client's next writer of the lock its turn.
+        let turn = unpoisoned(&hold.turn).take();
         // Let its session keeper end now, dropping its share of the session.
         hold.ended.send_replace(true);
         let was = unlock(&hold, &self.idle, &self.table).await;
         // The client's next writer of the lock may wait in the server now.
-        drop(unpoisoned(&hold.turn).take());
+        drop(turn);
         was
     }
 }
