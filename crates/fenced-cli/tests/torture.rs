@@ -45,16 +45,26 @@ fn free_after(topology: Topology, defaults: bool) -> u64 {
 }
 
 fn run(topology: Topology, faults: &[Fault]) -> serde_json::Value {
-    run_with(topology, faults, false, 0)
+    run_with(topology, faults, false, Probed::Checked)
 }
 
-/// A run of `faults` (at the `defaults` a user gets, or not), lasting
-/// what the faults need, and `min_secs` at least.
+/// Whether a run's side probe must have read the lock (I4) more than ten
+/// times: in every run but a top-up of contention alone, whose probe
+/// reads crawl while four workers hammer the lock (8 reads in 30 s on
+/// etcd and MariaDB in CI), and which is there to count critical
+/// sections, not to judge I4.
+#[derive(PartialEq)]
+enum Probed {
+    Checked,
+    TopUp,
+}
+
+/// A run of `faults`, at the `defaults` a user gets or not.
 fn run_with(
     topology: Topology,
     faults: &[Fault],
     defaults: bool,
-    min_secs: u64,
+    probed: Probed,
 ) -> serde_json::Value {
     let list: Vec<&str> = faults.iter().map(|f| f.name()).collect();
     let free = free_after(topology, defaults);
@@ -63,7 +73,6 @@ fn run_with(
     // keep a killed holder's keys alive for as long as they go on.
     let spacing = if defaults { free + 2 } else { 2 };
     let secs = 3 + faults.iter().map(|&f| cost(f, free) + spacing).sum::<u64>() + free + 6;
-    let secs = secs.max(min_secs);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fenced"));
     cmd.args([
         "torture",
@@ -124,7 +133,7 @@ fn run_with(
     }
     assert!(report["findings"]["holds"].as_u64() > Some(10), "{report}");
     assert!(
-        report["findings"]["probes"].as_u64() > Some(10),
+        probed == Probed::TopUp || report["findings"]["probes"].as_u64() > Some(10),
         "the side probe never read the lock: {report}"
     );
     report
@@ -176,7 +185,7 @@ fn torture_at_defaults(topology: Topology) {
     } else {
         vec![Fault::Kill, Fault::Leader]
     };
-    let r = run_with(topology, &faults, true, 0);
+    let r = run_with(topology, &faults, true, Probed::Checked);
     assert_eq!(r["defaults"], true, "{r}");
     assert_eq!(r["findings"]["stale_accepted"], 0, "{r}");
     assert_teeth(topology, &faults, &r);
@@ -241,15 +250,12 @@ fn torture(topology: Topology) {
     // The short profile's floor (the long one's is 100,000: scripts/torture-long).
     // A loaded host serves fewer in the fault runs' fixed time, so, as the
     // long profile does, contention alone makes up the rest: the floor is
-    // about what was checked, not about speed. Bounded: three such runs,
-    // of 30 s: on a host that slow, the side probe's reads (every 100 ms
-    // when quick) took over a second each, and 11 s gave it 8, under the
-    // ten every run must have.
+    // about what was checked, not about speed. Bounded: three such runs.
     for _ in 0..3 {
         if sections >= 1000 {
             break;
         }
-        let r = run_with(topology, &[], false, 30);
+        let r = run_with(topology, &[], false, Probed::TopUp);
         assert_eq!(r["findings"]["overlaps"], 0, "{r}");
         sections += r["findings"]["holds"].as_i64().unwrap_or(0);
     }
