@@ -277,14 +277,6 @@ struct TurnsInner {
     wakeups: Arc<crate::spi::wake::Wakeups>,
 }
 
-/// Why a try has no turn.
-enum NoTurn {
-    /// Another of the client's writers of this lock waits in the server.
-    Lock,
-    /// Every one of the client's turns is taken.
-    Client,
-}
-
 /// A turn to wait in the server (see [`Turns`]). Its end wakes the
 /// waiters of the lock that has waited longest for a turn.
 struct Turn {
@@ -335,11 +327,13 @@ impl Turns {
         }))
     }
 
-    /// A turn for a waiter of lock `name` (key `k`), if one is free.
-    fn take(&self, name: &LockName, k: i64, shared: bool) -> std::result::Result<Turn, NoTurn> {
+    /// A turn for a waiter of lock `name` (key `k`), if one is free: none
+    /// while another of the client's writers of the lock waits or holds,
+    /// or every turn is taken.
+    fn take(&self, name: &LockName, k: i64, shared: bool) -> Option<Turn> {
         let t = &self.0;
         if !shared && !unpoisoned(&t.writers).insert(k) {
-            return Err(NoTurn::Lock);
+            return None;
         }
         // Counted as starved before it looks, so that a turn that ends
         // between its look and its record still wakes it.
@@ -356,7 +350,7 @@ impl Turns {
             unpoisoned(&t.starved).retain(|n| n != name);
         }
         match got {
-            Ok(all) => Ok(Turn {
+            Ok(all) => Some(Turn {
                 all: Some(all),
                 writer: (!shared).then(|| WriterTurn {
                     k,
@@ -369,7 +363,7 @@ impl Turns {
                 if !shared {
                     unpoisoned(&t.writers).remove(&k);
                 }
-                Err(NoTurn::Client)
+                None
             }
         }
     }
@@ -482,13 +476,13 @@ impl PgAdvisory {
             _ => return self.take(req, shared, k, mine, None).await,
         };
         match self.turns.take(&req.name, k, shared) {
-            Ok(turn) => self.take(req, shared, k, None, Some((window, turn))).await,
+            Some(turn) => self.take(req, shared, k, None, Some((window, turn))).await,
             // Another of this client's writers of this lock waits in the
             // server or holds it, or every turn is taken by other locks'
             // waiters. The lock may be free all the same (that hold's
             // session may have died): one try, then it waits to be told,
             // when a turn ends or a release notifies.
-            Err(NoTurn::Lock | NoTurn::Client) => self.take(req, shared, k, None, None).await,
+            None => self.take(req, shared, k, None, None).await,
         }
     }
 
