@@ -16,27 +16,54 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free TCP port on 127.0.0.1, never one this process handed out
-/// before: the kernel may offer a port again as soon as its probe socket
-/// closes, and two members of one cluster once got the same port (one
-/// of them could not start, and the cluster lost its majority with the
-/// next kill). Another process may still take it before the server binds
-/// it: [`Server::start`] callers retry with a new port when the server
-/// exits at once.
+/// A free TCP port on 127.0.0.1, reserved for this process until it
+/// exits, so that no other test process of this machine is handed it.
+///
+/// The kernel may offer a port again as soon as its probe socket closes,
+/// and the test runner starts each test in a process of its own. Two
+/// tests once got the same port: the second one's server could not bind
+/// it, but its readiness probe was answered by the first one's server,
+/// and the test ran against that server until its own test ended and
+/// stopped it. (Earlier, two members of one cluster got the same port in
+/// one process.) So each port handed out is held by an advisory lock on a
+/// file named after it in a directory shared by the machine's test
+/// processes; the lock goes with the process, whichever way it ends.
+/// A process outside the test kit may still take the port before the
+/// server binds it: [`Server::start`] callers retry with a new port when
+/// the server exits at once.
 pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    // Lock files whose locks this process holds: kept open until it exits.
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..1000 {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free loopback port");
-        if !given.contains(&port) {
-            given.push(port);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(reservation(port));
+        let Ok(file) = file else {
+            // Another user's directory: the port goes unreserved.
+            return port;
+        };
+        // A second open file of this process conflicts too, so a port this
+        // process holds already is refused like another process's.
+        if file.try_lock().is_ok() {
+            held.push(file);
             return port;
         }
     }
-    panic!("no loopback port this process has not used already");
+    panic!("no loopback port that no test process holds already");
+}
+
+/// The file whose lock reserves `port` (see [`free_port`]).
+fn reservation(port: u16) -> PathBuf {
+    let dir = std::env::temp_dir().join("fenced-testkit-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    dir.join(port.to_string())
 }
 
 /// The path of `bin` on `PATH` (or in `extra_dirs`), or a panic that says
@@ -213,5 +240,24 @@ fn die_with_parent(cmd: &mut Command) {
             nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
                 .map_err(std::io::Error::from)
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_handed_out_stays_reserved() {
+        let port = free_port();
+        let other = std::fs::OpenOptions::new()
+            .write(true)
+            .open(reservation(port))
+            .unwrap();
+        assert!(
+            other.try_lock().is_err(),
+            "port {port} can be taken by another holder"
+        );
+        assert_ne!(free_port(), port);
     }
 }
