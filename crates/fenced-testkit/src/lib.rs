@@ -8,6 +8,7 @@
 //! ```
 
 pub mod conformance;
+pub mod dark_link;
 mod fixture;
 pub mod interop;
 pub mod process;
