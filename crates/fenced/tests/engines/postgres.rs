@@ -133,6 +133,52 @@ async fn advisory_session_killed_fires_the_lost_signal() {
     assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
 }
 
+/// A holder whose machine goes dark (no close, no reset: its link drops
+/// every segment) gives the lock up within about its lease, with the
+/// server's default TCP settings, where the server would otherwise keep
+/// its session, and the lock, for over two hours (the kernel's keepalive
+/// defaults). The holder is told first: it no longer believes in its
+/// hold when the next one is granted.
+///
+/// The lease is short so that the test is; the server's settings are
+/// its defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_a_holder_gone_dark_frees_the_lock_after_its_lease() {
+    let t = Timing::default();
+    let server = PgServer::start();
+    let url = format!("{}?mode=advisory", server.url());
+    let (a, b) = fenced_testkit::two_clients(&url).await;
+    let name = unique("dark");
+    let g = fenced_testkit::hold(&a, &name, fenced::Lease::Renewed(t.ms(2000))).await;
+    let port = server.sql(
+        "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted",
+    );
+    let port: u16 = port
+        .parse()
+        .unwrap_or_else(|_| panic!("one holder's port: {port:?}"));
+    let dark = fenced_testkit::dark_link::DarkLink::between(port, server.port);
+    // Many leases: the server's defaults would keep the lock past it.
+    let limit = t.ms(60_000);
+    let g2 = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(limit)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("the lock of a holder gone dark was still held after {limit:?}"));
+    assert!(
+        !g.is_held(),
+        "the dark holder still believed in its hold at the next grant"
+    );
+    assert!(g2.fencing_token() > g.fencing_token());
+    drop(dark);
+    tokio::time::timeout(t.eventually(), g.lost())
+        .await
+        .expect("the dark holder's lost signal");
+    assert!(g2.release().await.unwrap());
+}
+
 /// Grants serialise on the name's row in an explicit `READ COMMITTED`
 /// transaction, so a server whose default isolation is stricter changes
 /// nothing: exclusion and permit counts hold under `REPEATABLE READ` and

@@ -28,6 +28,20 @@
 //! link has gone dark, as a holder keeps it: until it resumes (and gives
 //! back a grant whose lease has run out), or the server ends the session.
 //!
+//! **A dark link ends the session after the lease**: a holder's machine
+//! that loses power, or a network that drops everything, sends the
+//! server no close and no reset, and with the kernel's defaults the
+//! server would keep the session, and the lock, for over two hours (or
+//! about 15 minutes when it has a reply to deliver). Each lock statement
+//! therefore sets its session's `tcp_user_timeout` to the hold's lease
+//! plus a second, with keepalives that probe a quiet link, so that the
+//! server ends a session it has not heard from for that long. That is no
+//! earlier than the holder stops believing in its hold (its last
+//! confirmed statement's sending plus the lease), and a live holder is
+//! never cut: its kernel answers the probes, even while its process is
+//! stopped. A server without the option (before PostgreSQL 12) keeps the
+//! kernel's defaults.
+//!
 //! **Leases** still hold: a hold whose lease ends without a renewal (a
 //! fixed lease, or a guard leaked by a live process) closes its session,
 //! which frees the lock, so the lease contract is the same in both modes.
@@ -72,17 +86,81 @@ use tokio::time::Instant;
 
 mod holds;
 
+/// The server's side of the hold's link, from `$p`, the text of
+/// [`link_text`] (empty: leave them, a server without
+/// `tcp_user_timeout`): how long sent data may go unacknowledged, and
+/// the keepalives that probe a quiet link, so that the server ends the
+/// session, and frees the lock, once the client's machine or its link
+/// has been dark for the hold's lease (plus a second), where it would
+/// otherwise wait for the kernel's defaults (about 15 minutes with data
+/// unacknowledged, over two hours on a quiet link). `$pick` is `raise`
+/// to only raise the session's values, or `set`.
+macro_rules! link_bounds {
+    ($p:literal, $pick:tt) => {
+        concat!(
+            "CASE WHEN ",
+            $p,
+            " <> '' THEN ",
+            link_bound!($p, $pick, "tcp_user_timeout", 1),
+            " || ",
+            link_bound!($p, $pick, "tcp_keepalives_idle", 2),
+            " || ",
+            link_bound!($p, $pick, "tcp_keepalives_interval", 3),
+            " || ",
+            link_bound!($p, $pick, "tcp_keepalives_count", 4),
+            " END"
+        )
+    };
+}
+/// One setting of [`link_bounds!`]: field `$i` of `$p` (`set`), or the
+/// greater of it and the session's value (`raise`).
+macro_rules! link_bound {
+    ($p:literal, raise, $name:literal, $i:literal) => {
+        concat!(
+            "set_config('",
+            $name,
+            "', GREATEST(split_part(",
+            $p,
+            ", ' ', ",
+            $i,
+            ")::int, (SELECT setting::int FROM pg_settings WHERE name = '",
+            $name,
+            "'))::text, false)"
+        )
+    };
+    ($p:literal, set, $name:literal, $i:literal) => {
+        concat!(
+            "set_config('",
+            $name,
+            "', split_part(",
+            $p,
+            ", ' ', ",
+            $i,
+            "), false)"
+        )
+    };
+}
 /// The lock on a session that holds it already, in one mode or the other
 /// (a writer that takes read beside its write): such a request is granted
 /// at once, ahead of the waiters in the server's queue, where a `try`
 /// would fail for any waiter queued (and wait for the owner itself).
-const OWN_LOCK: &str =
-    "WITH l AS (SELECT count(*) > 0 AS got FROM (SELECT pg_advisory_lock($2)) AS x)
-    SELECT set_config('application_name', $1, false) AS app, l.got FROM l";
+/// The session's link bounds ($3, see [`link_bounds!`]) only grow: the
+/// other hold's lease may be the longer.
+macro_rules! own_lock {
+    ($lock:literal) => {
+        concat!(
+            "WITH l AS (SELECT count(*) > 0 AS got FROM (SELECT ",
+            $lock,
+            "($2)) AS x)
+    SELECT set_config('application_name', $1, false) AS app, ",
+            link_bounds!("$3", raise),
+            " AS link, l.got FROM l"
+        )
+    };
+}
+const OWN_LOCK: &str = own_lock!("pg_advisory_lock");
 /// [`OWN_LOCK`] for a read hold.
-const OWN_LOCK_SHARED: &str = "WITH l AS (SELECT count(*) > 0 AS got
-        FROM (SELECT pg_advisory_lock_shared($2)) AS x)
-    SELECT set_config('application_name', $1, false) AS app, l.got FROM l";
+const OWN_LOCK_SHARED: &str = own_lock!("pg_advisory_lock_shared");
 /// The rest of a lock statement after its CTE `l` (`got`): the name's
 /// token ($3) raised as `NEXT_TOKEN` (see the lease table's queries)
 /// when `l.got`, reading `$from` (which includes `l`, so the lock comes
@@ -103,13 +181,15 @@ macro_rules! lock_and_token {
 }
 /// A try by `$lock` on a session of its own, with the name's token ($3)
 /// raised in the same statement when the lock is got: one round trip, not
-/// two. A failure leaves the lock (session-level, it outlives the aborted
+/// two. The session's link bounds are set from $4. A failure leaves the lock (session-level, it outlives the aborted
 /// statement) or not: the caller closes the session, which frees it
 /// either way.
 macro_rules! try_lock_and_token {
     ($lock:literal) => {
         concat!(
             "WITH l AS (SELECT set_config('application_name', $1, false) AS app, ",
+            link_bounds!("$4", set),
+            " AS link, ",
             $lock,
             "($2) AS got),",
             lock_and_token!("l")
@@ -122,14 +202,17 @@ const LOCK_SHARED_AND_TOKEN: &str = try_lock_and_token!("pg_try_advisory_lock_sh
 /// `$lock`), up to $4 ms (a `lock_timeout` for this statement), as a
 /// session lock waits: the server grants it the moment it comes free,
 /// with no notification's hop and no herd of tries. The token's insert
-/// then waits as any statement does ($5 ms, the request timeout). Past $4
+/// then waits as any statement does ($5 ms, the request timeout). The
+/// session's link bounds are set from $6. Past $4
 /// the statement fails with `lock_not_available` (55P03), which a grant
 /// can race: the caller then unlocks.
 macro_rules! wait_lock_and_token {
     ($lock:literal) => {
         concat!(
             "WITH c AS (SELECT set_config('application_name', $1, false) AS app,
-        set_config('lock_timeout', $4, true) AS wait),
+        set_config('lock_timeout', $4, true) AS wait, ",
+            link_bounds!("$6", set),
+            " AS link),
     l AS (SELECT count(*) > 0 AS got FROM (SELECT ",
             $lock,
             "($2) FROM c) AS x),
@@ -201,6 +284,9 @@ const UNLOCK_SHARED_AND_WAKE: &str = unlock_and_wake!("pg_advisory_unlock_shared
 /// The server's idle-session timeout in ms (PostgreSQL ≥ 14; no row before).
 const IDLE_TIMEOUT: &str =
     "SELECT setting::bigint AS ms FROM pg_settings WHERE name = 'idle_session_timeout'";
+/// Whether the server has `tcp_user_timeout` (PostgreSQL ≥ 12).
+const USER_TIMEOUT_KNOWN: &str =
+    "SELECT count(*) > 0 FROM pg_settings WHERE name = 'tcp_user_timeout'";
 const HOLDERS: &str = "SELECT a.application_name AS owner, l.mode AS lmode, l.granted AS granted
     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
     WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2
@@ -220,6 +306,28 @@ pub(crate) fn key(name: &str) -> i64 {
 }
 
 /// `classid` and `objid` of a key as `pg_locks` shows them.
+/// The link bounds of a hold's session for a hold of `lease` (see
+/// [`link_bounds!`]): `tcp_user_timeout` (ms), then the keepalives' idle
+/// time, interval (s) and count.
+///
+/// Safe: the server cannot end the session before the client's belief in
+/// the hold ends. That belief runs to a confirmed statement's sending
+/// plus the lease; the server's clock for either bound starts no earlier
+/// than its receipt of that statement (the last segment it heard, or the
+/// first it sent unacknowledged, after it), and Linux ends a session on
+/// keepalives only once `tcp_user_timeout` has passed too. On a server
+/// without that option the keepalives alone reach past it. A live client
+/// is never cut: its kernel answers the probes, stopped process or not,
+/// and its renewals go over the session.
+fn link_text(lease: Duration) -> String {
+    let user_ms = (lease.as_millis() + 1000).min(i32::MAX as u128) as u64;
+    let idle = (user_ms / 3000).max(1);
+    let every = (user_ms / 10_000).max(1);
+    // idle + every × count ≥ user_ms, for servers without the option.
+    let count = (user_ms.saturating_sub(idle * 1000)).div_ceil(every * 1000) + 1;
+    format!("{user_ms} {idle} {every} {}", count.min(i32::MAX as u64))
+}
+
 fn halves(key: i64) -> (i64, i64) {
     let k = key as u64;
     ((k >> 32) as i64, (k & 0xffff_ffff) as i64)
@@ -379,6 +487,9 @@ pub(crate) struct PgAdvisory {
     idle: Arc<IdleSessions<PgConnection>>,
     /// The server's `idle_session_timeout`, when it ends idle sessions.
     idle_timeout: Option<Duration>,
+    /// Whether the server takes `tcp_user_timeout` (PostgreSQL ≥ 12),
+    /// which bounds a hold's session over a dark link (see [`link_text`]).
+    link_bounded: bool,
     /// This client's turns to wait in the server.
     turns: Turns,
 }
@@ -395,9 +506,10 @@ impl PgAdvisory {
             holds: Default::default(),
             idle: Arc::new(IdleSessions::new()),
             idle_timeout: None,
+            link_bounded: false,
             turns: Turns::new(wakeups),
         };
-        me.idle_timeout = me.check_session_pinning().await?;
+        (me.idle_timeout, me.link_bounded) = me.check_session_pinning().await?;
         Ok(Arc::new(me))
     }
 
@@ -423,11 +535,16 @@ impl PgAdvisory {
 
     /// A transaction-pooling proxy gives each statement whichever server
     /// session is free: a session lock taken through it is not ours.
-    /// Returns the server's idle-session timeout, if it has one.
-    async fn check_session_pinning(&self) -> Result<Option<Duration>> {
+    /// Returns the server's idle-session timeout, if it has one, and
+    /// whether it takes `tcp_user_timeout`.
+    async fn check_session_pinning(&self) -> Result<(Option<Duration>, bool)> {
         let mut c = self.session().await?;
         let idle: Option<i64> = sqlx::query_scalar(IDLE_TIMEOUT)
             .fetch_optional(&mut c)
+            .await
+            .map_err(|e| self.db(e))?;
+        let link_bounded: bool = sqlx::query_scalar(USER_TIMEOUT_KNOWN)
+            .fetch_one(&mut c)
             .await
             .map_err(|e| self.db(e))?;
         let mut pids = Vec::new();
@@ -448,9 +565,10 @@ impl PgAdvisory {
                 self.table.label()
             )));
         }
-        Ok(idle
+        let idle = idle
             .filter(|ms| *ms > 0)
-            .map(|ms| Duration::from_millis(ms as u64)))
+            .map(|ms| Duration::from_millis(ms as u64));
+        Ok((idle, link_bounded))
     }
 
     async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
@@ -532,6 +650,10 @@ impl PgAdvisory {
             start += 1;
         }
         let timeout = self.request_timeout();
+        let link = match self.link_bounded {
+            true => link_text(req.lease),
+            false => String::new(),
+        };
         let sent = Instant::now();
         let token = {
             let mut guard = session.lock().await;
@@ -564,6 +686,7 @@ impl PgAdvisory {
                             .bind(timeout.as_millis().max(1).to_string()),
                         None => q,
                     }
+                    .bind(&link)
                     .fetch_one(&mut *conn)
                     .await
                     .and_then(|r| Ok((r.try_get("got")?, r.try_get::<Option<i64>, _>("token")?)))
@@ -571,6 +694,7 @@ impl PgAdvisory {
                     sqlx::query(if shared { OWN_LOCK_SHARED } else { OWN_LOCK })
                         .bind(&o[start..])
                         .bind(k)
+                        .bind(&link)
                         .fetch_one(&mut *conn)
                         .await
                         .and_then(|r| Ok((r.try_get("got")?, None)))
@@ -787,6 +911,27 @@ async fn keep_busy(hold: Arc<SessionHold>, t: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn link_bounds_outlast_the_lease_on_either_clock() {
+        assert_eq!(link_text(Duration::from_secs(30)), "31000 10 3 8");
+        for ms in [0, 1, 999, 1500, 2000, 9_999, 30_000, 600_000, 86_400_000] {
+            let lease = Duration::from_millis(ms);
+            let f: Vec<u64> = link_text(lease)
+                .split(' ')
+                .map(|n| n.parse().unwrap())
+                .collect();
+            let [user_ms, idle, every, count] = f[..] else {
+                panic!("four fields")
+            };
+            assert!(user_ms as u128 > lease.as_millis(), "{ms}: {f:?}");
+            assert!((idle + every * count) * 1000 >= user_ms, "{ms}: {f:?}");
+            assert!(idle >= 1 && every >= 1 && count >= 1, "{ms}: {f:?}");
+        }
+        // The option's range: no lease overflows it.
+        let long = link_text(Duration::from_secs(u64::MAX / 4));
+        assert!(long.starts_with(&i32::MAX.to_string()), "{long}");
+    }
 
     #[test]
     fn keys_are_stable() {
