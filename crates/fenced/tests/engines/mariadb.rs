@@ -144,6 +144,52 @@ async fn advisory_is_get_lock_and_signals_a_killed_session() {
     assert!(next.release().await.unwrap());
 }
 
+/// A holder whose machine goes dark (no close, no reset: its link drops
+/// every segment) gives the lock up within about its lease, with the
+/// server's default settings, where the server would otherwise keep its
+/// session, and the lock, for its `wait_timeout` (8 hours). The holder is
+/// told first: it no longer believes in its hold when the next one is
+/// granted.
+///
+/// The lease is short so that the test is; the server's settings are
+/// its defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_a_holder_gone_dark_frees_the_lock_after_its_lease() {
+    let t = Timing::default();
+    let server = MariaDb::start();
+    let url = format!("{}?mode=advisory", server.url());
+    let (a, b) = fenced_testkit::two_clients(&url).await;
+    let name = unique("dark");
+    let g = fenced_testkit::hold(&a, &name, fenced::Lease::Renewed(t.ms(2000))).await;
+    let host = server.sql(&format!(
+        "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK('{name}')"
+    ));
+    let port: u16 = host
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("the holder's address: {host:?}"));
+    let dark = fenced_testkit::dark_link::DarkLink::between(port, server.port);
+    // Many leases: the server's default would keep the lock past it.
+    let limit = t.ms(60_000);
+    let g2 = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(limit)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("the lock of a holder gone dark was still held after {limit:?}"));
+    assert!(
+        !g.is_held(),
+        "the dark holder still believed in its hold at the next grant"
+    );
+    assert!(g2.fencing_token() > g.fencing_token());
+    drop(dark);
+    tokio::time::timeout(t.eventually(), g.lost())
+        .await
+        .expect("the dark holder's lost signal");
+    assert!(g2.release().await.unwrap());
+}
+
 /// Each grant runs `READ COMMITTED` on its own connection, serialised on
 /// the name's row, so the server's default isolation changes nothing:
 /// exclusion and permit counts hold under `REPEATABLE READ` (MariaDB's

@@ -11,10 +11,16 @@
 //! the lock back, so the lease contract is the same in both modes.
 //!
 //! **The session bounds the hold**: the server ends a session idle for
-//! its `wait_timeout` (8 hours by default, often minutes on managed
-//! servers), and the lock with it. The hold is believed only until its
-//! last confirmed statement plus that timeout, and the session is kept
-//! busy (a `SELECT 1` every third of it) so that a live holder keeps it.
+//! its `wait_timeout`, and the lock with it. A session sets it to the
+//! hold's lease plus a second before it takes a lock (the server's
+//! default, 8 hours, would keep the lock of a holder whose machine or
+//! link went dark, which sends no close, that long). So a holder gone
+//! dark or stopped loses the lock about a lease after its last statement,
+//! as a lease-table holder does, and the lease contract is the same in
+//! both modes. The hold is believed only until its last confirmed
+//! statement plus that timeout, and the session is kept busy (a
+//! `SELECT 1` every third of it, besides the renewals) so that a live
+//! holder keeps it. An idle session is reused only within half of it.
 //!
 //! **Keys**: the `GET_LOCK` name is the lock name itself when it has at
 //! most 64 characters (MySQL's limit), so `GET_LOCK('orders:1001', …)` in
@@ -92,6 +98,26 @@ pub(crate) fn key(name: &str) -> String {
 struct Session {
     conn: MySqlConnection,
     id: i64,
+    /// Its `wait_timeout`: the server ends it after that long without a
+    /// statement, and frees the lock it holds.
+    wait: Duration,
+    /// When it last finished a statement, as far as an idle session's
+    /// reuse needs to know.
+    since: Instant,
+}
+
+/// The `wait_timeout` of a session that takes a hold of `lease`: the
+/// lease and a second, whole seconds (the server's unit), within the
+/// server's range (1 s to a year). A holder's machine or link gone dark
+/// sends the server no close; the server then ends the session, and
+/// frees the lock, once it has heard no statement for this long, where
+/// its default (8 hours) would keep the lock that long. It is no
+/// earlier than the holder stops believing in its hold: the hold is
+/// believed until its last confirmed statement's sending plus this (and
+/// its lease), and the server's clock starts after that statement.
+fn wait_for(lease: Duration) -> Duration {
+    let secs = (lease + Duration::from_secs(1)).as_secs_f64().ceil();
+    Duration::from_secs(secs.clamp(1.0, 31_536_000.0) as u64)
 }
 
 /// One hold: its session, and whether it has ended.
@@ -104,6 +130,8 @@ struct SessionHold {
     ended: Watch<bool>,
     /// Until when the server keeps the session (its `wait_timeout`).
     alive: Watch<Instant>,
+    /// The session's `wait_timeout`.
+    wait: Duration,
 }
 
 /// A waiter's session, waiting inside the server for the lock.
@@ -139,8 +167,6 @@ struct Shared {
     probers: Mutex<HashMap<Ticket, Arc<Prober>>>,
     idle: IdleSessions<Session>,
     next_ticket: AtomicI64,
-    /// The server's `wait_timeout`: how long it keeps an idle session.
-    idle_timeout: Duration,
 }
 
 impl MySqlAdvisory {
@@ -150,22 +176,16 @@ impl MySqlAdvisory {
     ) -> Result<Arc<dyn Backend>> {
         // Sessions wait in GET_LOCK by design: no slow-statement warnings.
         let opts = sqlx::ConnectOptions::disable_statement_logging(opts);
-        let mut shared = Shared {
+        let shared = Shared {
             table,
             opts,
             holds: Default::default(),
             probers: Default::default(),
             idle: IdleSessions::new(),
             next_ticket: AtomicI64::new(1),
-            idle_timeout: Duration::from_secs(28_800),
         };
         // Fail at connect, not at the first lock, if sessions cannot open.
-        let mut s = shared.session().await?;
-        let secs: i64 = sqlx::query_scalar("SELECT CAST(@@SESSION.wait_timeout AS SIGNED)")
-            .fetch_one(&mut s.conn)
-            .await
-            .map_err(|e| shared.db(e))?;
-        shared.idle_timeout = Duration::from_secs(secs.max(1) as u64);
+        let s = shared.session().await?;
         shared.idle.put(s);
         Ok(Arc::new(MySqlAdvisory {
             shared: Arc::new(shared),

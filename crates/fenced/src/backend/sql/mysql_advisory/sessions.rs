@@ -19,18 +19,50 @@ impl Shared {
 
     /// An idle session, or a new one.
     pub(super) async fn session(&self) -> Result<Session> {
-        if let Some(s) = self.idle.take() {
-            return Ok(s);
+        while let Some(s) = self.idle.take() {
+            // The server ends a session idle for its `wait_timeout` (a
+            // lease and a second, once it held a lock): one idle for half
+            // of that is dropped (which closes it), not risked.
+            if s.since.elapsed() < s.wait / 2 {
+                return Ok(s);
+            }
         }
         let mut conn = MySqlConnection::connect_with(&self.opts)
             .await
             .map_err(|e| self.db(e))?;
-        let id = sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id")
-            .fetch_one(&mut conn)
+        let row = sqlx::query(
+            "SELECT CAST(CONNECTION_ID() AS SIGNED) AS id, \
+             CAST(@@SESSION.wait_timeout AS SIGNED) AS wait",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| self.db(e))?;
+        let id = row.try_get::<i64, _>("id").map_err(|e| self.db(e))?;
+        let wait = row.try_get::<i64, _>("wait").map_err(|e| self.db(e))?;
+        Ok(Session {
+            conn,
+            id,
+            wait: Duration::from_secs(wait.max(1) as u64),
+            since: Instant::now(),
+        })
+    }
+
+    /// Sets the session's `wait_timeout` for a hold of `lease` (see
+    /// [`wait_for`]), unless it has it already: one statement when a
+    /// session first takes a lock, or a lock with another lease.
+    async fn bound_for(&self, s: &mut Session, lease: Duration) -> Result<()> {
+        let wait = wait_for(lease);
+        if s.wait == wait {
+            return Ok(());
+        }
+        // An integer of ours: SET takes no placeholder on every server.
+        let set = format!("SET SESSION wait_timeout = {}", wait.as_secs());
+        sqlx::query(sqlx::AssertSqlSafe(set))
+            .execute(&mut s.conn)
             .await
-            .and_then(|r| r.try_get::<i64, _>("id"))
             .map_err(|e| self.db(e))?;
-        Ok(Session { conn, id })
+        s.wait = wait;
+        Ok(())
     }
 
     /// Gives the lock back and keeps or closes the session; whether the
@@ -44,6 +76,7 @@ impl Shared {
             .await
             .and_then(|r| r.try_get::<Option<i64>, _>("was"));
         if let Ok(Some(1)) = was {
+            s.since = Instant::now();
             self.idle.put(s);
             return Some(true);
         }
@@ -118,10 +151,11 @@ impl Shared {
             // One prober per name in a client (see the module's notes):
             // another task's already waits in the server for this lock.
             Ok(Some(_)) if req.will_wait && !self.probed(&key) => Ok(Outcome::Busy(Blocked {
-                ticket: Some(self.probe(s, key, req.name.clone())),
+                ticket: Some(self.probe(s, key, req.name.clone(), req.lease)),
                 retry_after: None,
             })),
             Ok(Some(_)) => {
+                s.since = Instant::now();
                 self.idle.put(s);
                 Ok(Outcome::Busy(Blocked {
                     ticket: None,
@@ -144,24 +178,34 @@ impl Shared {
     pub(super) async fn granted(
         self: &Arc<Self>,
         req: &Attempt,
-        s: Session,
+        mut s: Session,
         key: String,
         sent: Instant,
     ) -> Result<Outcome> {
-        let token = match self.table.next_token(req.name.as_str()).await {
-            Ok(t) => t,
-            Err(e) => {
+        // The session's bound is set beside the token's raise (a prober's
+        // session has it already): no round trip of its own. The hold is
+        // believed from `sent` plus the bound, and the server counts it
+        // from the bound's own statement, which is later.
+        let (token, bound) = tokio::join!(
+            self.table.next_token(req.name.as_str()),
+            self.bound_for(&mut s, req.lease)
+        );
+        let token = match (token, bound) {
+            (Ok(t), Ok(())) => t,
+            (Err(e), _) | (_, Err(e)) => {
                 self.unlock(s, &key).await;
                 return Err(e);
             }
         };
+        let wait = s.wait;
         let hold = Arc::new(SessionHold {
             session: tokio::sync::Mutex::new(Some(s)),
             key,
             name: req.name.clone(),
             owner: req.owner_key.clone(),
             ended: Watch::new(false),
-            alive: Watch::new(believed_until(sent, self.idle_timeout)),
+            alive: Watch::new(believed_until(sent, wait)),
+            wait,
         });
         let bound = hold.alive.subscribe();
         unpoisoned(&self.holds).insert(req.hold_id.clone(), hold.clone());
@@ -177,7 +221,7 @@ impl Shared {
                 }
                 tokio::select! {
                     changed = ended.changed() => if changed.is_err() { break },
-                    _ = tokio::time::sleep(me.idle_timeout / 3) => {
+                    _ = tokio::time::sleep(hold.wait / 3) => {
                         me.touch(&hold).await;
                     }
                 }
@@ -205,8 +249,7 @@ impl Shared {
             .and_then(|row| row.try_get::<i64, _>("mine"))
             .is_ok_and(|m| m == 1);
         if mine {
-            hold.alive
-                .send_replace(believed_until(sent, self.idle_timeout));
+            hold.alive.send_replace(believed_until(sent, hold.wait));
         }
         mine
     }
@@ -220,7 +263,13 @@ impl Shared {
     }
 
     /// Hands a session to a prober that waits in the server; its ticket.
-    pub(super) fn probe(self: &Arc<Self>, mut s: Session, key: String, name: LockName) -> Ticket {
+    pub(super) fn probe(
+        self: &Arc<Self>,
+        mut s: Session,
+        key: String,
+        name: LockName,
+        lease: Duration,
+    ) -> Ticket {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let p = Arc::new(Prober {
             conn_id: s.id,
@@ -235,19 +284,23 @@ impl Shared {
         let p2 = p.clone();
         let task = tokio::spawn(async move {
             let p = p2;
-            let won = loop {
-                let got = sqlx::query(WAIT_LOCK)
-                    .bind(&key)
-                    .fetch_one(&mut s.conn)
-                    .await
-                    .and_then(|r| r.try_get::<Option<i64>, _>("got"));
-                match got {
-                    Ok(Some(1)) => break true,
-                    // Waited an hour: wait again, unless withdrawn.
-                    Ok(Some(_)) if matches!(*unpoisoned(&p.state), Probe::Waiting) => continue,
-                    _ => break false,
-                }
-            };
+            // Bounded before it waits: the lock may be granted to it over
+            // a link that has gone dark.
+            let bounded = me.bound_for(&mut s, lease).await.is_ok();
+            let won = bounded
+                && loop {
+                    let got = sqlx::query(WAIT_LOCK)
+                        .bind(&key)
+                        .fetch_one(&mut s.conn)
+                        .await
+                        .and_then(|r| r.try_get::<Option<i64>, _>("got"));
+                    match got {
+                        Ok(Some(1)) => break true,
+                        // Waited an hour: wait again, unless withdrawn.
+                        Ok(Some(_)) if matches!(*unpoisoned(&p.state), Probe::Waiting) => continue,
+                        _ => break false,
+                    }
+                };
             let (withdrawn, failed) = {
                 let mut st = unpoisoned(&p.state);
                 let waiting = matches!(*st, Probe::Waiting);
