@@ -8,34 +8,31 @@
 use crate::servers::require;
 use std::process::Command;
 
+/// The comment on every rule, with the test process's pid.
+const TAG: &str = "fenced-testkit-dark-link";
+
 /// Drops every TCP segment on the loopback device between two ports of
-/// 127.0.0.1, both ways, until dropped (by `iptables`; needs
-/// `CAP_NET_ADMIN`).
+/// 127.0.0.1, both ways, until dropped (by `iptables`, as root).
 #[must_use = "the link comes back when this is dropped"]
 pub struct DarkLink {
     rules: Vec<Vec<String>>,
 }
 
 impl DarkLink {
-    /// Darkens the connection between local ports `a` and `b`.
+    /// Whether this process can darken links: `iptables` needs root (CI
+    /// runs as root; the test kit's SQLite disk test needs it too).
+    pub fn available() -> bool {
+        nix::unistd::Uid::effective().is_root()
+    }
+
+    /// Darkens the connection between local ports `a` and `b`. First
+    /// removes the rules of test processes that died without removing
+    /// theirs (killed, not unwound), so none outlives its run for long.
     pub fn between(a: u16, b: u16) -> DarkLink {
-        let rule = |from: u16, to: u16| -> Vec<String> {
-            [
-                "OUTPUT",
-                "-o",
-                "lo",
-                "-p",
-                "tcp",
-                "--sport",
-                &from.to_string(),
-            ]
-            .into_iter()
-            .map(String::from)
-            .chain(["--dport".into(), to.to_string(), "-j".into(), "DROP".into()])
-            .collect()
-        };
+        sweep();
+        let me = std::process::id();
         let mut link = DarkLink { rules: Vec::new() };
-        for r in [rule(a, b), rule(b, a)] {
+        for r in [rule(a, b, me), rule(b, a, me)] {
             iptables("-I", &r).unwrap_or_else(|e| panic!("darken {a} <-> {b}: {e}"));
             link.rules.push(r);
         }
@@ -53,17 +50,76 @@ impl Drop for DarkLink {
     }
 }
 
+/// The rule that drops segments from port `from` to port `to`, tagged
+/// with the pid of the process that made it.
+fn rule(from: u16, to: u16, pid: u32) -> Vec<String> {
+    let (from, to) = (from.to_string(), to.to_string());
+    let tag = format!("{TAG} pid={pid}");
+    [
+        "OUTPUT",
+        "-o",
+        "lo",
+        "-p",
+        "tcp",
+        "--sport",
+        &from,
+        "--dport",
+        &to,
+        "-m",
+        "comment",
+        "--comment",
+        &tag,
+        "-j",
+        "DROP",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Removes the rules whose process is gone.
+fn sweep() {
+    let Ok(listing) = iptables_output(&["-S", "OUTPUT"]) else {
+        return;
+    };
+    for line in listing.lines().filter(|l| l.contains(TAG)) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let after = |flag: &str| {
+            let i = words.iter().position(|w| *w == flag)?;
+            words.get(i + 1)?.trim_matches('"').parse::<u32>().ok()
+        };
+        let pid = words.iter().find_map(|w| {
+            w.trim_matches('"')
+                .strip_prefix("pid=")?
+                .parse::<u32>()
+                .ok()
+        });
+        let (Some(from), Some(to), Some(pid)) = (after("--sport"), after("--dport"), pid) else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        // Another process may have swept it already.
+        let _ = iptables("-D", &rule(from as u16, to as u16, pid));
+    }
+}
+
 /// `iptables -w <op> <rule>`: `-w` waits for the table's lock, which
 /// tests running side by side take too.
 fn iptables(op: &str, rule: &[String]) -> Result<(), String> {
+    let mut args = vec!["-w", op];
+    args.extend(rule.iter().map(String::as_str));
+    iptables_output(&args).map(drop)
+}
+
+fn iptables_output(args: &[&str]) -> Result<String, String> {
     let bin = require("iptables", "iptables", &["/usr/sbin", "/sbin"]);
     let out = Command::new(bin)
-        .args(["-w", op])
-        .args(rule)
+        .args(args)
         .output()
         .map_err(|e| e.to_string())?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
     }
