@@ -39,8 +39,9 @@
 //! earlier than the holder stops believing in its hold (its last
 //! confirmed statement's sending plus the lease), and a live holder is
 //! never cut: its kernel answers the probes, even while its process is
-//! stopped. A server without the option (before PostgreSQL 12) keeps the
-//! kernel's defaults.
+//! stopped. A server whose sockets lack the option (not on Linux) gets
+//! the keepalives alone; one without the settings (before PostgreSQL 12)
+//! keeps the kernel's defaults.
 //!
 //! **Leases** still hold: a hold whose lease ends without a renewal (a
 //! fixed lease, or a guard leaked by a live process) closes its session,
@@ -287,6 +288,10 @@ const IDLE_TIMEOUT: &str =
 /// Whether the server has `tcp_user_timeout` (PostgreSQL ≥ 12).
 const USER_TIMEOUT_KNOWN: &str =
     "SELECT count(*) > 0 FROM pg_settings WHERE name = 'tcp_user_timeout'";
+/// `tcp_user_timeout` as the session's socket took it, after
+/// [`USER_TIMEOUT_TRY`].
+const USER_TIMEOUT_TAKEN: &str = "SELECT current_setting('tcp_user_timeout')";
+const USER_TIMEOUT_TRY: &str = "SELECT set_config('tcp_user_timeout', '1000', false)";
 const HOLDERS: &str = "SELECT a.application_name AS owner, l.mode AS lmode, l.granted AS granted
     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
     WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2
@@ -305,29 +310,36 @@ pub(crate) fn key(name: &str) -> i64 {
     h.finish() as i64
 }
 
-/// `classid` and `objid` of a key as `pg_locks` shows them.
 /// The link bounds of a hold's session for a hold of `lease` (see
-/// [`link_bounds!`]): `tcp_user_timeout` (ms), then the keepalives' idle
-/// time, interval (s) and count.
+/// [`link_bounds!`]): `tcp_user_timeout` (ms; 0 where the server's
+/// sockets lack the option, which it would log at each statement), then
+/// the keepalives' idle time, interval (s) and count.
 ///
 /// Safe: the server cannot end the session before the client's belief in
 /// the hold ends. That belief runs to a confirmed statement's sending
 /// plus the lease; the server's clock for either bound starts no earlier
 /// than its receipt of that statement (the last segment it heard, or the
-/// first it sent unacknowledged, after it), and Linux ends a session on
-/// keepalives only once `tcp_user_timeout` has passed too. On a server
-/// without that option the keepalives alone reach past it. A live client
-/// is never cut: its kernel answers the probes, stopped process or not,
-/// and its renewals go over the session.
-fn link_text(lease: Duration) -> String {
-    let user_ms = (lease.as_millis() + 1000).min(i32::MAX as u128) as u64;
-    let idle = (user_ms / 3000).max(1);
-    let every = (user_ms / 10_000).max(1);
-    // idle + every × count ≥ user_ms, for servers without the option.
-    let count = (user_ms.saturating_sub(idle * 1000)).div_ceil(every * 1000) + 1;
-    format!("{user_ms} {idle} {every} {}", count.min(i32::MAX as u64))
+/// first it sent unacknowledged, after it). The keepalives start probing
+/// only after the lease and a second (up to the kernel's 32767 s limit,
+/// past which ten probes reach it, up to about four days), whatever
+/// count the server's system takes (Windows always sends ten), and Linux
+/// ends a session on keepalives only once `tcp_user_timeout` has passed
+/// too. A live client is never cut: its kernel answers the probes,
+/// stopped process or not, and its renewals go over the session.
+fn link_text(lease: Duration, user_timeout: bool) -> String {
+    /// The kernel's limit for the keepalive idle time and interval (s).
+    const MAX_KEEP: u64 = 32_767;
+    /// Probes before the end: Windows' fixed count, within Linux's 127.
+    const PROBES: u64 = 10;
+    let bound_ms = (lease.as_millis() + 1000).min(i32::MAX as u128) as u64;
+    let secs = bound_ms.div_ceil(1000);
+    let idle = secs.min(MAX_KEEP);
+    let every = (secs - idle).div_ceil(PROBES).clamp(1, MAX_KEEP);
+    let user_ms = if user_timeout { bound_ms } else { 0 };
+    format!("{user_ms} {idle} {every} {PROBES}")
 }
 
+/// `classid` and `objid` of a key as `pg_locks` shows them.
 fn halves(key: i64) -> (i64, i64) {
     let k = key as u64;
     ((k >> 32) as i64, (k & 0xffff_ffff) as i64)
@@ -487,9 +499,13 @@ pub(crate) struct PgAdvisory {
     idle: Arc<IdleSessions<PgConnection>>,
     /// The server's `idle_session_timeout`, when it ends idle sessions.
     idle_timeout: Option<Duration>,
-    /// Whether the server takes `tcp_user_timeout` (PostgreSQL ≥ 12),
-    /// which bounds a hold's session over a dark link (see [`link_text`]).
+    /// Whether the server takes `tcp_user_timeout` and the keepalives
+    /// per session (PostgreSQL ≥ 12), which bound a hold's session over a
+    /// dark link (see [`link_text`]).
     link_bounded: bool,
+    /// Whether its sockets have `TCP_USER_TIMEOUT` (Linux; not a Unix
+    /// socket).
+    user_timeout: bool,
     /// This client's turns to wait in the server.
     turns: Turns,
 }
@@ -507,9 +523,10 @@ impl PgAdvisory {
             idle: Arc::new(IdleSessions::new()),
             idle_timeout: None,
             link_bounded: false,
+            user_timeout: false,
             turns: Turns::new(wakeups),
         };
-        (me.idle_timeout, me.link_bounded) = me.check_session_pinning().await?;
+        (me.idle_timeout, me.link_bounded, me.user_timeout) = me.check_session_pinning().await?;
         Ok(Arc::new(me))
     }
 
@@ -535,9 +552,9 @@ impl PgAdvisory {
 
     /// A transaction-pooling proxy gives each statement whichever server
     /// session is free: a session lock taken through it is not ours.
-    /// Returns the server's idle-session timeout, if it has one, and
-    /// whether it takes `tcp_user_timeout`.
-    async fn check_session_pinning(&self) -> Result<(Option<Duration>, bool)> {
+    /// Returns the server's idle-session timeout, if it has one, whether
+    /// it takes `tcp_user_timeout`, and whether its sockets have it.
+    async fn check_session_pinning(&self) -> Result<(Option<Duration>, bool, bool)> {
         let mut c = self.session().await?;
         let idle: Option<i64> = sqlx::query_scalar(IDLE_TIMEOUT)
             .fetch_optional(&mut c)
@@ -547,6 +564,20 @@ impl PgAdvisory {
             .fetch_one(&mut c)
             .await
             .map_err(|e| self.db(e))?;
+        // Without the socket option (a server not on Linux, or a Unix
+        // socket) the setting reads back 0, and every statement that set
+        // it would log that it is not supported.
+        let user_timeout = link_bounded && {
+            sqlx::query(USER_TIMEOUT_TRY)
+                .execute(&mut c)
+                .await
+                .map_err(|e| self.db(e))?;
+            let shown: String = sqlx::query_scalar(USER_TIMEOUT_TAKEN)
+                .fetch_one(&mut c)
+                .await
+                .map_err(|e| self.db(e))?;
+            shown != "0"
+        };
         let mut pids = Vec::new();
         for _ in 0..3 {
             let row = sqlx::query("SELECT pg_backend_pid() AS pid")
@@ -568,7 +599,7 @@ impl PgAdvisory {
         let idle = idle
             .filter(|ms| *ms > 0)
             .map(|ms| Duration::from_millis(ms as u64));
-        Ok((idle, link_bounded))
+        Ok((idle, link_bounded, user_timeout))
     }
 
     async fn attempt_inner(&self, req: &Attempt) -> Result<Outcome> {
@@ -651,7 +682,7 @@ impl PgAdvisory {
         }
         let timeout = self.request_timeout();
         let link = match self.link_bounded {
-            true => link_text(req.lease),
+            true => link_text(req.lease, self.user_timeout),
             false => String::new(),
         };
         let sent = Instant::now();
@@ -914,10 +945,12 @@ mod tests {
 
     #[test]
     fn link_bounds_outlast_the_lease_on_either_clock() {
-        assert_eq!(link_text(Duration::from_secs(30)), "31000 10 3 8");
-        for ms in [0, 1, 999, 1500, 2000, 9_999, 30_000, 600_000, 86_400_000] {
+        assert_eq!(link_text(Duration::from_secs(30), true), "31000 31 1 10");
+        assert_eq!(link_text(Duration::from_secs(30), false), "0 31 1 10");
+        let day = 86_400_000;
+        for ms in [0, 1, 999, 1500, 2000, 9_999, 30_000, 600_000, day, 4 * day] {
             let lease = Duration::from_millis(ms);
-            let f: Vec<u64> = link_text(lease)
+            let f: Vec<u64> = link_text(lease, true)
                 .split(' ')
                 .map(|n| n.parse().unwrap())
                 .collect();
@@ -925,11 +958,17 @@ mod tests {
                 panic!("four fields")
             };
             assert!(user_ms as u128 > lease.as_millis(), "{ms}: {f:?}");
-            assert!((idle + every * count) * 1000 >= user_ms, "{ms}: {f:?}");
-            assert!(idle >= 1 && every >= 1 && count >= 1, "{ms}: {f:?}");
+            // The keepalives alone: whatever count the system takes.
+            assert!(
+                (idle + every * count.min(10)) * 1000 >= user_ms,
+                "{ms}: {f:?}"
+            );
+            assert!((1..=32_767).contains(&idle), "{ms}: {f:?}");
+            assert!((1..=32_767).contains(&every), "{ms}: {f:?}");
+            assert!((1..=127).contains(&count), "{ms}: {f:?}");
         }
         // The option's range: no lease overflows it.
-        let long = link_text(Duration::from_secs(u64::MAX / 4));
+        let long = link_text(Duration::from_secs(u64::MAX / 4), true);
         assert!(long.starts_with(&i32::MAX.to_string()), "{long}");
     }
 
