@@ -324,6 +324,21 @@ impl<T> IdleSessions<T> {
     pub(crate) fn clear(&self) {
         unpoisoned(&self.0).clear();
     }
+
+    /// Takes out the sessions `f` picks.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn take_where(&self, f: impl Fn(&T) -> bool) -> Vec<T> {
+        let mut idle = unpoisoned(&self.0);
+        let (picked, kept) = std::mem::take(&mut *idle).into_iter().partition(f);
+        *idle = kept;
+        picked
+    }
+
+    /// The least of `f` over the sessions kept.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn min_of<K: Ord>(&self, f: impl Fn(&T) -> K) -> Option<K> {
+        unpoisoned(&self.0).iter().map(f).min()
+    }
 }
 
 /// Opens one connection outside the pool and closes it, so that a server

@@ -106,6 +106,46 @@ struct Session {
     since: Instant,
 }
 
+impl Session {
+    /// Idle for half its `wait_timeout`: closed, not reused (the server
+    /// would end it soon).
+    fn stale(&self) -> bool {
+        self.since.elapsed() >= self.wait / 2
+    }
+
+    /// Says goodbye (`COM_QUIT`) in the background: a session dropped
+    /// without one, or ended by the server for its `wait_timeout`, is an
+    /// "Aborted connection" in the server's log and count.
+    fn close_quietly(self) {
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), self.conn.close()).await;
+        });
+    }
+}
+
+/// Closes idle sessions before the server ends them for their
+/// `wait_timeout` (see [`Session::close_quietly`]), each when it turns
+/// stale; `changed` tells of a session put back. Ends within 5 s of the
+/// backend's end.
+async fn sweep_idle(shared: std::sync::Weak<Shared>, changed: Arc<tokio::sync::Notify>) {
+    loop {
+        let next = {
+            let Some(sh) = shared.upgrade() else {
+                return;
+            };
+            sh.idle
+                .take_where(Session::stale)
+                .into_iter()
+                .for_each(Session::close_quietly);
+            sh.idle.min_of(|s| s.since + s.wait / 2)
+        };
+        let wait = next.map_or(Duration::from_secs(5), |at| {
+            at.saturating_duration_since(Instant::now())
+        });
+        let _ = tokio::time::timeout(wait, changed.notified()).await;
+    }
+}
+
 /// The `wait_timeout` of a session that takes a hold of `lease`: the
 /// lease and a second, whole seconds (the server's unit), within the
 /// server's range (1 s to a year). A holder's machine or link gone dark
@@ -166,6 +206,8 @@ struct Shared {
     holds: Holds,
     probers: Mutex<HashMap<Ticket, Arc<Prober>>>,
     idle: IdleSessions<Session>,
+    /// Told when a session goes back to `idle` (see [`sweep_idle`]).
+    idle_changed: Arc<tokio::sync::Notify>,
     next_ticket: AtomicI64,
 }
 
@@ -182,14 +224,18 @@ impl MySqlAdvisory {
             holds: Default::default(),
             probers: Default::default(),
             idle: IdleSessions::new(),
+            idle_changed: Default::default(),
             next_ticket: AtomicI64::new(1),
         };
         // Fail at connect, not at the first lock, if sessions cannot open.
         let s = shared.session().await?;
-        shared.idle.put(s);
-        Ok(Arc::new(MySqlAdvisory {
-            shared: Arc::new(shared),
-        }))
+        shared.keep_idle(s);
+        let shared = Arc::new(shared);
+        tokio::spawn(sweep_idle(
+            Arc::downgrade(&shared),
+            shared.idle_changed.clone(),
+        ));
+        Ok(Arc::new(MySqlAdvisory { shared }))
     }
 }
 

@@ -22,10 +22,11 @@ impl Shared {
         while let Some(s) = self.idle.take() {
             // The server ends a session idle for its `wait_timeout` (a
             // lease and a second, once it held a lock): one idle for half
-            // of that is dropped (which closes it), not risked.
-            if s.since.elapsed() < s.wait / 2 {
+            // of that is closed, not risked.
+            if !s.stale() {
                 return Ok(s);
             }
+            s.close_quietly();
         }
         let mut conn = MySqlConnection::connect_with(&self.opts)
             .await
@@ -47,6 +48,13 @@ impl Shared {
         })
     }
 
+    /// Keeps a session that holds nothing for the next lock.
+    pub(super) fn keep_idle(&self, mut s: Session) {
+        s.since = Instant::now();
+        self.idle.put(s);
+        self.idle_changed.notify_one();
+    }
+
     /// Sets the session's `wait_timeout` for a hold of `lease` (see
     /// [`wait_for`]), unless it has it already: one statement when a
     /// session first takes a lock, or a lock with another lease.
@@ -55,9 +63,10 @@ impl Shared {
         if s.wait == wait {
             return Ok(());
         }
-        // An integer of ours: SET takes no placeholder on every server.
+        // An integer of ours, as text: SET takes no placeholder on every
+        // server, and a prepared statement per lease would stay cached.
         let set = format!("SET SESSION wait_timeout = {}", wait.as_secs());
-        sqlx::query(sqlx::AssertSqlSafe(set))
+        sqlx::raw_sql(sqlx::AssertSqlSafe(set))
             .execute(&mut s.conn)
             .await
             .map_err(|e| self.db(e))?;
@@ -76,8 +85,7 @@ impl Shared {
             .await
             .and_then(|r| r.try_get::<Option<i64>, _>("was"));
         if let Ok(Some(1)) = was {
-            s.since = Instant::now();
-            self.idle.put(s);
+            self.keep_idle(s);
             return Some(true);
         }
         // Not ours any more, or the session failed: closing it frees
@@ -150,13 +158,22 @@ impl Shared {
             Ok(Some(1)) => self.granted(req, s, key, sent).await,
             // One prober per name in a client (see the module's notes):
             // another task's already waits in the server for this lock.
-            Ok(Some(_)) if req.will_wait && !self.probed(&key) => Ok(Outcome::Busy(Blocked {
-                ticket: Some(self.probe(s, key, req.name.clone(), req.lease)),
-                retry_after: None,
-            })),
+            Ok(Some(_)) if req.will_wait && !self.probed(&key) => {
+                // Bounded before it waits: the server may grant it the
+                // lock over a link that has gone dark. (Here, not in the
+                // prober: a withdrawal stops a wait, not the statement
+                // before it.)
+                if let Err(e) = self.bound_for(&mut s, req.lease).await {
+                    let _ = s.conn.close().await;
+                    return Err(e);
+                }
+                Ok(Outcome::Busy(Blocked {
+                    ticket: Some(self.probe(s, key, req.name.clone())),
+                    retry_after: None,
+                }))
+            }
             Ok(Some(_)) => {
-                s.since = Instant::now();
-                self.idle.put(s);
+                self.keep_idle(s);
                 Ok(Outcome::Busy(Blocked {
                     ticket: None,
                     retry_after: None,
@@ -263,13 +280,7 @@ impl Shared {
     }
 
     /// Hands a session to a prober that waits in the server; its ticket.
-    pub(super) fn probe(
-        self: &Arc<Self>,
-        mut s: Session,
-        key: String,
-        name: LockName,
-        lease: Duration,
-    ) -> Ticket {
+    pub(super) fn probe(self: &Arc<Self>, mut s: Session, key: String, name: LockName) -> Ticket {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let p = Arc::new(Prober {
             conn_id: s.id,
@@ -284,23 +295,19 @@ impl Shared {
         let p2 = p.clone();
         let task = tokio::spawn(async move {
             let p = p2;
-            // Bounded before it waits: the lock may be granted to it over
-            // a link that has gone dark.
-            let bounded = me.bound_for(&mut s, lease).await.is_ok();
-            let won = bounded
-                && loop {
-                    let got = sqlx::query(WAIT_LOCK)
-                        .bind(&key)
-                        .fetch_one(&mut s.conn)
-                        .await
-                        .and_then(|r| r.try_get::<Option<i64>, _>("got"));
-                    match got {
-                        Ok(Some(1)) => break true,
-                        // Waited an hour: wait again, unless withdrawn.
-                        Ok(Some(_)) if matches!(*unpoisoned(&p.state), Probe::Waiting) => continue,
-                        _ => break false,
-                    }
-                };
+            let won = loop {
+                let got = sqlx::query(WAIT_LOCK)
+                    .bind(&key)
+                    .fetch_one(&mut s.conn)
+                    .await
+                    .and_then(|r| r.try_get::<Option<i64>, _>("got"));
+                match got {
+                    Ok(Some(1)) => break true,
+                    // Waited an hour: wait again, unless withdrawn.
+                    Ok(Some(_)) if matches!(*unpoisoned(&p.state), Probe::Waiting) => continue,
+                    _ => break false,
+                }
+            };
             let (withdrawn, failed) = {
                 let mut st = unpoisoned(&p.state);
                 let waiting = matches!(*st, Probe::Waiting);
