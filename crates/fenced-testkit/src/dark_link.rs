@@ -124,3 +124,49 @@ fn iptables_output(args: &[&str]) -> Result<String, String> {
         Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
     }
 }
+
+/// A holder of `url`'s lock (a session lock: the advisory modes) whose
+/// link goes dark gives the lock up within about its lease, and is told
+/// first: it no longer believes in its hold when the next one is granted,
+/// and its lost signal fires. `holder_port(name)` is the local port of
+/// the session that holds `name`, as the server shows it; `server_port`
+/// is the server's. The lease is short so that the test is. Skips (and
+/// says so) without root.
+pub async fn a_dark_holder_gives_way(
+    url: &str,
+    server_port: u16,
+    holder_port: impl Fn(&str) -> String,
+) {
+    if !DarkLink::available() {
+        eprintln!("skipped: only root can drop a link's segments (CI runs as root)");
+        return;
+    }
+    let t = crate::Timing::default();
+    let (a, b) = crate::two_clients(url).await;
+    let name = crate::unique("dark");
+    let g = crate::hold(&a, &name, fenced::Lease::Renewed(t.ms(2000))).await;
+    let shown = holder_port(&name);
+    let port: u16 = shown
+        .parse()
+        .unwrap_or_else(|_| panic!("the holder's port: {shown:?}"));
+    let dark = DarkLink::between(port, server_port);
+    // Many leases: the server's defaults would keep the lock past it.
+    let limit = t.ms(60_000);
+    let g2 = b
+        .mutex(&name)
+        .unwrap()
+        .acquire_timeout(limit)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("the lock of a holder gone dark was still held after {limit:?}"));
+    assert!(
+        !g.is_held(),
+        "the dark holder still believed in its hold at the next grant"
+    );
+    assert!(g2.fencing_token() > g.fencing_token());
+    drop(dark);
+    tokio::time::timeout(t.eventually(), g.lost())
+        .await
+        .expect("the dark holder's lost signal");
+    assert!(g2.release().await.unwrap());
+}

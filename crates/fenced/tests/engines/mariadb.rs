@@ -155,44 +155,18 @@ async fn advisory_is_get_lock_and_signals_a_killed_session() {
 /// its defaults. Needs root, for `iptables` (CI runs as root).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_a_holder_gone_dark_frees_the_lock_after_its_lease() {
-    use fenced_testkit::dark_link::DarkLink;
-    if !DarkLink::available() {
-        eprintln!("skipped: only root can drop a link's segments (CI runs as root)");
-        return;
-    }
-    let t = Timing::default();
     let server = MariaDb::start();
     let url = format!("{}?mode=advisory", server.url());
-    let (a, b) = fenced_testkit::two_clients(&url).await;
-    let name = unique("dark");
-    let g = fenced_testkit::hold(&a, &name, fenced::Lease::Renewed(t.ms(2000))).await;
-    let host = server.sql(&format!(
-        "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK('{name}')"
-    ));
-    let port: u16 = host
-        .rsplit_once(':')
-        .and_then(|(_, p)| p.parse().ok())
-        .unwrap_or_else(|| panic!("the holder's address: {host:?}"));
-    let dark = DarkLink::between(port, server.port);
-    // Many leases: the server's default would keep the lock past it.
-    let limit = t.ms(60_000);
-    let g2 = b
-        .mutex(&name)
-        .unwrap()
-        .acquire_timeout(limit)
-        .await
-        .unwrap()
-        .unwrap_or_else(|| panic!("the lock of a holder gone dark was still held after {limit:?}"));
-    assert!(
-        !g.is_held(),
-        "the dark holder still believed in its hold at the next grant"
-    );
-    assert!(g2.fencing_token() > g.fencing_token());
-    drop(dark);
-    tokio::time::timeout(t.eventually(), g.lost())
-        .await
-        .expect("the dark holder's lost signal");
-    assert!(g2.release().await.unwrap());
+    fenced_testkit::dark_link::a_dark_holder_gives_way(&url, server.port, |name| {
+        // HOST is `127.0.0.1:<port>` (the server resolves no names).
+        let host = server.sql(&format!(
+            "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK('{name}')"
+        ));
+        host.rsplit_once(':')
+            .map(|(_, p)| p.to_owned())
+            .unwrap_or(host)
+    })
+    .await;
 }
 
 /// A session that held a lock has a `wait_timeout` of the lease and a

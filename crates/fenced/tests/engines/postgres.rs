@@ -144,44 +144,15 @@ async fn advisory_session_killed_fires_the_lost_signal() {
 /// its defaults. Needs root, for `iptables` (CI runs as root).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_a_holder_gone_dark_frees_the_lock_after_its_lease() {
-    use fenced_testkit::dark_link::DarkLink;
-    if !DarkLink::available() {
-        eprintln!("skipped: only root can drop a link's segments (CI runs as root)");
-        return;
-    }
-    let t = Timing::default();
     let server = PgServer::start();
     let url = format!("{}?mode=advisory", server.url());
-    let (a, b) = fenced_testkit::two_clients(&url).await;
-    let name = unique("dark");
-    let g = fenced_testkit::hold(&a, &name, fenced::Lease::Renewed(t.ms(2000))).await;
-    let port = server.sql(
-        "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-         WHERE l.locktype = 'advisory' AND l.granted",
-    );
-    let port: u16 = port
-        .parse()
-        .unwrap_or_else(|_| panic!("one holder's port: {port:?}"));
-    let dark = DarkLink::between(port, server.port);
-    // Many leases: the server's defaults would keep the lock past it.
-    let limit = t.ms(60_000);
-    let g2 = b
-        .mutex(&name)
-        .unwrap()
-        .acquire_timeout(limit)
-        .await
-        .unwrap()
-        .unwrap_or_else(|| panic!("the lock of a holder gone dark was still held after {limit:?}"));
-    assert!(
-        !g.is_held(),
-        "the dark holder still believed in its hold at the next grant"
-    );
-    assert!(g2.fencing_token() > g.fencing_token());
-    drop(dark);
-    tokio::time::timeout(t.eventually(), g.lost())
-        .await
-        .expect("the dark holder's lost signal");
-    assert!(g2.release().await.unwrap());
+    fenced_testkit::dark_link::a_dark_holder_gives_way(&url, server.port, |_| {
+        server.sql(
+            "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted",
+        )
+    })
+    .await;
 }
 
 /// Grants serialise on the name's row in an explicit `READ COMMITTED`
