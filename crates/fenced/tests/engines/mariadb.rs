@@ -172,7 +172,7 @@ async fn advisory_a_holder_gone_dark_frees_the_lock_after_its_lease() {
 /// A session that held a lock has a `wait_timeout` of the lease and a
 /// second; kept idle, it is closed with a goodbye before the server ends
 /// it, which the server would count (`Aborted_clients`) and log as an
-/// aborted connection each time.
+/// aborted connection each time; and so it is at the client's close.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_idle_sessions_are_closed_not_aborted() {
     let t = Timing::default();
@@ -188,7 +188,11 @@ async fn advisory_idle_sessions_are_closed_not_aborted() {
     // ended it by now.
     tokio::time::sleep(t.ms(3000)).await;
     assert_eq!(aborted(), before, "the server ended an idle session");
+    // A session kept idle at the close says goodbye too.
+    let g = fenced_testkit::hold(&c, &unique("idle"), fenced::Lease::Renewed(t.ms(1000))).await;
+    assert!(g.release().await.unwrap());
     c.close().await;
+    assert_eq!(aborted(), before, "the close dropped an idle session");
 }
 
 /// Each grant runs `READ COMMITTED` on its own connection, serialised on

@@ -315,10 +315,17 @@ impl<T> IdleSessions<T> {
 
     /// Keeps `s` if there is room; otherwise it is dropped, which closes it.
     pub(crate) fn put(&self, s: T) {
+        drop(self.keep(s));
+    }
+
+    /// Keeps `s` if there is room; otherwise hands it back.
+    pub(crate) fn keep(&self, s: T) -> Option<T> {
         let mut idle = unpoisoned(&self.0);
         if idle.len() < Self::MAX {
             idle.push(s);
+            return None;
         }
+        Some(s)
     }
 
     pub(crate) fn clear(&self) {

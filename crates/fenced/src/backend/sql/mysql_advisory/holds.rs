@@ -142,7 +142,7 @@ impl LockBackend for MySqlAdvisory {
             for id in ids {
                 sh.end(&id).await;
             }
-            sh.idle.clear();
+            sh.close_idle().await;
             sh.table.close().await;
         })
     }

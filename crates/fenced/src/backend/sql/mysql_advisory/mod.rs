@@ -12,15 +12,19 @@
 //!
 //! **The session bounds the hold**: the server ends a session idle for
 //! its `wait_timeout`, and the lock with it. A session sets it to the
-//! hold's lease plus a second before it takes a lock (the server's
+//! hold's lease plus a second (the server's
 //! default, 8 hours, would keep the lock of a holder whose machine or
 //! link went dark, which sends no close, that long). So a holder gone
 //! dark or stopped loses the lock about a lease after its last statement,
 //! as a lease-table holder does, and the lease contract is the same in
 //! both modes. The hold is believed only until its last confirmed
 //! statement plus that timeout, and the session is kept busy (a
-//! `SELECT 1` every third of it, besides the renewals) so that a live
-//! holder keeps it. An idle session is reused only within half of it.
+//! statement every third of it, besides the renewals) so that a live
+//! holder keeps it. A new session sets it when it opens; one reused
+//! from the idle stack keeps its last hold's (that lease and a second)
+//! until the set beside the new grant's token. An idle session is reused
+//! only within half of it, and closed, with a goodbye, once it turns
+//! stale.
 //!
 //! **Keys**: the `GET_LOCK` name is the lock name itself when it has at
 //! most 64 characters (MySQL's limit), so `GET_LOCK('orders:1001', …)` in
@@ -113,20 +117,23 @@ impl Session {
         self.since.elapsed() >= self.wait / 2
     }
 
-    /// Says goodbye (`COM_QUIT`) in the background: a session dropped
-    /// without one, or ended by the server for its `wait_timeout`, is an
-    /// "Aborted connection" in the server's log and count.
+    /// Says goodbye (`COM_QUIT`), within 5 s: a session dropped without
+    /// one, or ended by the server for its `wait_timeout`, is an "Aborted
+    /// connection" in the server's log and count.
+    async fn close(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.conn.close()).await;
+    }
+
+    /// [`close`](Self::close) in the background.
     fn close_quietly(self) {
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), self.conn.close()).await;
-        });
+        tokio::spawn(self.close());
     }
 }
 
 /// Closes idle sessions before the server ends them for their
-/// `wait_timeout` (see [`Session::close_quietly`]), each when it turns
-/// stale; `changed` tells of a session put back. Ends within 5 s of the
-/// backend's end.
+/// `wait_timeout` (see [`Session::close`]), each when it turns stale;
+/// `changed` tells of a session put back, and of the backend's end (its
+/// `close`, or its drop), at which this ends.
 async fn sweep_idle(shared: std::sync::Weak<Shared>, changed: Arc<tokio::sync::Notify>) {
     loop {
         let next = {
@@ -139,10 +146,12 @@ async fn sweep_idle(shared: std::sync::Weak<Shared>, changed: Arc<tokio::sync::N
                 .for_each(Session::close_quietly);
             sh.idle.min_of(|s| s.since + s.wait / 2)
         };
-        let wait = next.map_or(Duration::from_secs(5), |at| {
-            at.saturating_duration_since(Instant::now())
-        });
-        let _ = tokio::time::timeout(wait, changed.notified()).await;
+        match next {
+            Some(at) => {
+                let _ = tokio::time::timeout_at(at, changed.notified()).await;
+            }
+            None => changed.notified().await,
+        }
     }
 }
 
@@ -199,6 +208,13 @@ pub(crate) struct MySqlAdvisory {
     shared: Arc<Shared>,
 }
 
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The sweeper ends.
+        self.idle_changed.notify_one();
+    }
+}
+
 /// What the hold and prober tasks need too.
 struct Shared {
     table: Arc<MySqlBackend>,
@@ -228,8 +244,8 @@ impl MySqlAdvisory {
             next_ticket: AtomicI64::new(1),
         };
         // Fail at connect, not at the first lock, if sessions cannot open.
-        let s = shared.session().await?;
-        shared.keep_idle(s);
+        // (Not kept: it has the server's `wait_timeout`, not a lease's.)
+        shared.session(None).await?.close().await;
         let shared = Arc::new(shared);
         tokio::spawn(sweep_idle(
             Arc::downgrade(&shared),

@@ -17,8 +17,11 @@ impl Shared {
         self.table.db(e)
     }
 
-    /// An idle session, or a new one.
-    pub(super) async fn session(&self) -> Result<Session> {
+    /// An idle session, or a new one, whose `wait_timeout` is set for a
+    /// hold of `lease` when given: a new session's default (8 hours)
+    /// would keep a lock that long if its holder's link went dark before
+    /// the set beside the grant's token.
+    pub(super) async fn session(&self, lease: Option<Duration>) -> Result<Session> {
         while let Some(s) = self.idle.take() {
             // The server ends a session idle for its `wait_timeout` (a
             // lease and a second, once it held a lock): one idle for half
@@ -40,18 +43,35 @@ impl Shared {
         .map_err(|e| self.db(e))?;
         let id = row.try_get::<i64, _>("id").map_err(|e| self.db(e))?;
         let wait = row.try_get::<i64, _>("wait").map_err(|e| self.db(e))?;
-        Ok(Session {
+        let mut s = Session {
             conn,
             id,
             wait: Duration::from_secs(wait.max(1) as u64),
             since: Instant::now(),
-        })
+        };
+        if let Some(lease) = lease
+            && let Err(e) = self.bound_for(&mut s, lease).await
+        {
+            s.close().await;
+            return Err(e);
+        }
+        Ok(s)
     }
 
-    /// Keeps a session that holds nothing for the next lock.
+    /// Keeps a session that holds nothing for the next lock, or closes
+    /// it when the idle stack is full.
     pub(super) fn keep_idle(&self, mut s: Session) {
         s.since = Instant::now();
-        self.idle.put(s);
+        if let Some(s) = self.idle.keep(s) {
+            s.close_quietly();
+        }
+        self.idle_changed.notify_one();
+    }
+
+    /// Closes every idle session, with a goodbye.
+    pub(super) async fn close_idle(&self) {
+        let all = self.idle.take_where(|_| true);
+        futures_util::future::join_all(all.into_iter().map(Session::close)).await;
         self.idle_changed.notify_one();
     }
 
@@ -147,7 +167,7 @@ impl Shared {
                 // The prober failed: start over below.
             }
         }
-        let mut s = self.session().await?;
+        let mut s = self.session(Some(req.lease)).await?;
         let sent = Instant::now();
         let got = sqlx::query(TRY_LOCK)
             .bind(&key)

@@ -315,17 +315,24 @@ pub(crate) fn key(name: &str) -> i64 {
 /// sockets lack the option, which it would log at each statement), then
 /// the keepalives' idle time, interval (s) and count.
 ///
-/// Safe: the server cannot end the session before the client's belief in
-/// the hold ends. That belief runs to a confirmed statement's sending
-/// plus the lease; the server's clock for either bound starts no earlier
-/// than its receipt of that statement (the last segment it heard, or the
-/// first it sent unacknowledged, after it). The keepalives start probing
-/// only after the lease and a second (up to the kernel's 32767 s limit,
-/// past which ten probes reach it, up to about four days), whatever
-/// count the server's system takes (Windows always sends ten), and Linux
-/// ends a session on keepalives only once `tcp_user_timeout` has passed
-/// too. A live client is never cut: its kernel answers the probes,
-/// stopped process or not, and its renewals go over the session.
+/// Safe on a Linux server: it cannot end the session before the client's
+/// belief in the hold ends. That belief runs to a confirmed statement's
+/// sending plus the lease; the server's clock for either bound starts no
+/// earlier than its receipt of that statement (the last segment it
+/// heard, or the first it sent unacknowledged, after it), Linux ends a
+/// session on keepalives only once `tcp_user_timeout` has passed too, and
+/// that option also replaces its retransmission limit. A live client is
+/// never cut: its kernel answers the probes, stopped process or not, and
+/// its renewals go over the session.
+///
+/// Elsewhere only the keepalives are set. They start probing after the
+/// lease and a second (up to the kernel's 32767 s limit, past which ten
+/// probes reach it, up to about four days), whatever count the system
+/// takes (Windows always sends ten). But that system's retransmission
+/// limit, which no session setting changes, may end the session sooner
+/// when the link goes dark with a reply in flight (about 20 s on
+/// Windows), as it did before these bounds: a partition's overlap, which
+/// the fence answers.
 fn link_text(lease: Duration, user_timeout: bool) -> String {
     /// The kernel's limit for the keepalive idle time and interval (s).
     const MAX_KEEP: u64 = 32_767;
@@ -564,9 +571,10 @@ impl PgAdvisory {
             .fetch_one(&mut c)
             .await
             .map_err(|e| self.db(e))?;
-        // Without the socket option (a server not on Linux, or a Unix
-        // socket) the setting reads back 0, and every statement that set
-        // it would log that it is not supported.
+        // Without the socket option (a server not on Linux) the setting
+        // reads back 0, and every statement that set it would log that it
+        // is not supported; over a Unix socket it reads back 0 too, and
+        // means nothing there.
         let user_timeout = link_bounded && {
             sqlx::query(USER_TIMEOUT_TRY)
                 .execute(&mut c)
