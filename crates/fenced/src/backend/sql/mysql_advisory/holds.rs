@@ -134,6 +134,9 @@ impl LockBackend for MySqlAdvisory {
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let sh = &self.shared;
+            // First the idle sessions, with a goodbye: the close has one
+            // request timeout, which the withdrawals may use up.
+            sh.close_idle().await;
             let tickets: Vec<Ticket> = unpoisoned(&sh.probers).keys().copied().collect();
             for t in tickets {
                 sh.withdraw(t).await;

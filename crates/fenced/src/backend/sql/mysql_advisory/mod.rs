@@ -24,7 +24,11 @@
 //! from the idle stack keeps its last hold's (that lease and a second)
 //! until the set beside the new grant's token. An idle session is reused
 //! only within half of it, and closed, with a goodbye, once it turns
-//! stale.
+//! stale. (The server's own TCP retransmission limit, which no session
+//! setting changes, may still end a session sooner when the link goes
+//! dark with a reply in flight: about 15 minutes on Linux, 20 s on
+//! Windows, so with longer leases that is a partition's overlap, which
+//! the fence answers, as before.)
 //!
 //! **Keys**: the `GET_LOCK` name is the lock name itself when it has at
 //! most 64 characters (MySQL's limit), so `GET_LOCK('orders:1001', …)` in
@@ -132,8 +136,8 @@ impl Session {
 
 /// Closes idle sessions before the server ends them for their
 /// `wait_timeout` (see [`Session::close`]), each when it turns stale;
-/// `changed` tells of a session put back, and of the backend's end (its
-/// `close`, or its drop), at which this ends.
+/// `changed` tells of a session put back, and of the backend's drop, at
+/// which this ends.
 async fn sweep_idle(shared: std::sync::Weak<Shared>, changed: Arc<tokio::sync::Notify>) {
     loop {
         let next = {
@@ -166,7 +170,10 @@ async fn sweep_idle(shared: std::sync::Weak<Shared>, changed: Arc<tokio::sync::N
 /// its lease), and the server's clock starts after that statement.
 fn wait_for(lease: Duration) -> Duration {
     let secs = (lease + Duration::from_secs(1)).as_secs_f64().ceil();
-    Duration::from_secs(secs.clamp(1.0, 31_536_000.0) as u64)
+    // 2147483 s (about 24.8 days) is the most every server takes (Windows
+    // builds clamp there, Linux ones at a year): a clamped value would be
+    // shorter than the one the hold's belief counts on. Leases end sooner.
+    Duration::from_secs(secs.clamp(1.0, 2_147_483.0) as u64)
 }
 
 /// One hold: its session, and whether it has ended.
@@ -210,8 +217,15 @@ pub(crate) struct MySqlAdvisory {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // The sweeper ends.
+        // The sweeper ends, and sessions still idle (a client dropped
+        // without its close) say goodbye where a runtime can send it.
         self.idle_changed.notify_one();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.idle
+                .take_where(|_| true)
+                .into_iter()
+                .for_each(Session::close_quietly);
+        }
     }
 }
 
