@@ -130,11 +130,12 @@ fn iptables_output(args: &[&str]) -> Result<String, String> {
 /// first: it no longer believes in its hold when the next one is granted,
 /// and its lost signal fires. `holder_port(name)` is the local port of
 /// the session that holds `name`, as the server shows it; `server_port`
-/// is the server's. The lease is short so that the test is. Skips (and
-/// says so) without root.
+/// is the server's. `lease`: the hold's, or `None` for the client's
+/// default (30 s). Skips (and says so) without root.
 pub async fn a_dark_holder_gives_way(
     url: &str,
     server_port: u16,
+    lease: Option<std::time::Duration>,
     holder_port: impl Fn(&str) -> String,
 ) {
     if !DarkLink::available() {
@@ -144,13 +145,17 @@ pub async fn a_dark_holder_gives_way(
     let t = crate::Timing::default();
     let (a, b) = crate::two_clients(url).await;
     let name = crate::unique("dark");
-    let g = crate::hold(&a, &name, fenced::Lease::Renewed(t.ms(2000))).await;
+    let g = match lease {
+        Some(lease) => crate::hold(&a, &name, fenced::Lease::Renewed(lease)).await,
+        None => a.mutex(&name).unwrap().acquire().await.unwrap(),
+    };
     let shown = holder_port(&name);
     let port: u16 = shown
         .parse()
         .unwrap_or_else(|_| panic!("the holder's port: {shown:?}"));
     let dark = DarkLink::between(port, server_port);
-    // Many leases: the server's defaults would keep the lock past it.
+    // Twice the default lease: the server's defaults would keep the lock
+    // for hours.
     let limit = t.ms(60_000);
     let g2 = b
         .mutex(&name)

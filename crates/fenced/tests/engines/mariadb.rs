@@ -6,6 +6,7 @@
 use fenced::{Client, ErrorKind};
 use fenced_testkit::servers::mariadb::MariaDb;
 use fenced_testkit::{Timing, unique};
+use std::time::Duration;
 
 /// A lease-table hold belongs to no connection: killing the holder's
 /// connections (doorbell included) keeps it, renewals go on over new ones,
@@ -151,13 +152,24 @@ async fn advisory_is_get_lock_and_signals_a_killed_session() {
 /// told first: it no longer believes in its hold when the next one is
 /// granted.
 ///
-/// The lease is short so that the test is; the server's settings are
-/// its defaults. Needs root, for `iptables` (CI runs as root).
+/// The lease is short so that the test is (the next test takes the
+/// default); the server's settings are its defaults. Needs root, for
+/// `iptables` (CI runs as root).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_a_holder_gone_dark_frees_the_lock_after_its_lease() {
+    gone_dark(Some(Timing::default().ms(2000))).await;
+}
+
+/// The same at the client's default lease (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_a_holder_gone_dark_frees_the_lock_after_the_default_lease() {
+    gone_dark(None).await;
+}
+
+async fn gone_dark(lease: Option<Duration>) {
     let server = MariaDb::start();
     let url = format!("{}?mode=advisory", server.url());
-    fenced_testkit::dark_link::a_dark_holder_gives_way(&url, server.port, |name| {
+    fenced_testkit::dark_link::a_dark_holder_gives_way(&url, server.port, lease, |name| {
         // HOST is `127.0.0.1:<port>` (the server resolves no names).
         let host = server.sql(&format!(
             "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK('{name}')"

@@ -140,13 +140,24 @@ async fn advisory_session_killed_fires_the_lost_signal() {
 /// defaults). The holder is told first: it no longer believes in its
 /// hold when the next one is granted.
 ///
-/// The lease is short so that the test is; the server's settings are
-/// its defaults. Needs root, for `iptables` (CI runs as root).
+/// The lease is short so that the test is (the next test takes the
+/// default); the server's settings are its defaults. Needs root, for
+/// `iptables` (CI runs as root).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_a_holder_gone_dark_frees_the_lock_after_its_lease() {
+    gone_dark(Some(Timing::default().ms(2000))).await;
+}
+
+/// The same at the client's default lease (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_a_holder_gone_dark_frees_the_lock_after_the_default_lease() {
+    gone_dark(None).await;
+}
+
+async fn gone_dark(lease: Option<Duration>) {
     let server = PgServer::start();
     let url = format!("{}?mode=advisory", server.url());
-    fenced_testkit::dark_link::a_dark_holder_gives_way(&url, server.port, |_| {
+    fenced_testkit::dark_link::a_dark_holder_gives_way(&url, server.port, lease, |_| {
         server.sql(
             "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
              WHERE l.locktype = 'advisory' AND l.granted",
