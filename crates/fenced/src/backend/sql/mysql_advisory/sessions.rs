@@ -249,17 +249,30 @@ impl Shared {
         let me = self.clone();
         tokio::spawn(async move {
             // Keep the session from the server's idle timeout until the
-            // hold ends. (A hold whose lease runs out unrenewed is ended
-            // by the core, which releases it: no lease timer here.)
+            // hold ends: a statement a third of it after the last one
+            // confirmed, which the renewals (a third of the lease apart,
+            // and the timeout is the lease and a second) usually are, so
+            // it sends nothing of its own while they run. (A hold whose
+            // lease runs out unrenewed is ended by the core, which
+            // releases it: no lease timer here.)
             let mut ended = hold.ended.subscribe();
+            let mut last = Instant::now();
             loop {
                 if ended.get_and_update() {
                     break;
                 }
+                let due = |last: Instant| {
+                    let confirmed = hold.alive.get().checked_sub(hold.wait * 2 / 3);
+                    confirmed.unwrap_or(last).max(last + hold.wait / 3)
+                };
                 tokio::select! {
                     changed = ended.changed() => if changed.is_err() { break },
-                    _ = tokio::time::sleep(hold.wait / 3) => {
-                        me.touch(&hold).await;
+                    _ = tokio::time::sleep_until(due(last)) => {
+                        // A renewal may have confirmed it meanwhile.
+                        if Instant::now() >= due(last) {
+                            me.touch(&hold).await;
+                            last = Instant::now();
+                        }
                     }
                 }
             }
