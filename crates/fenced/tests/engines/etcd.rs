@@ -302,3 +302,71 @@ async fn nested_names_are_separate_locks() {
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{reserved}: {e}");
     }
 }
+
+/// A waiter whose only key ahead is deleted is granted by that delete
+/// alone, with no listing, unless its own key went first: an operator's
+/// `etcdctl del` of a waiter's key must not leave it believing it holds
+/// beside the waiter that queued after it (who, next in line, is then
+/// granted by the same delete).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_key_was_deleted_is_not_granted_by_the_delete_ahead() {
+    let t = Timing::default();
+    let c = EtcdCluster::start();
+    let name = unique("deleted-waiter");
+    let connect = || async { Client::connect(&c.url()).await.unwrap() };
+    let (a, b, w) = (connect().await, connect().await, connect().await);
+    let held = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let keys = || {
+        let out = etcdctl(
+            &c.endpoints(),
+            &[
+                "get",
+                "--prefix",
+                "--keys-only",
+                "--sort-by=CREATE",
+                &format!("{name}/"),
+            ],
+        )
+        .expect("etcdctl get");
+        out.lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let lock_b = b.mutex(&name).unwrap();
+    let mut waiter_b = tokio::spawn(async move { lock_b.acquire().await });
+    t.wait_until("b queues", || async { keys().len() == 2 })
+        .await;
+    let (a_key, b_key) = (keys()[0].clone(), keys()[1].clone());
+    etcdctl(&c.endpoints(), &["del", &b_key]).expect("delete b's key by hand");
+    // b hears its key go and queues again (under the same name); w queues
+    // too, and a lets go as soon as it has, whether b has queued or not.
+    let lock_w = w.mutex(&name).unwrap();
+    let mut waiter_w = tokio::spawn(async move { lock_w.acquire().await });
+    t.wait_until("w queues behind a", || async {
+        keys().iter().any(|k| *k != a_key && *k != b_key)
+    })
+    .await;
+    assert!(held.release().await.unwrap());
+    // Exactly one of them is granted; the other waits for its release.
+    let (first, mut other) = tokio::select! {
+        g = &mut waiter_b => (g, waiter_w),
+        g = &mut waiter_w => (g, waiter_b),
+    };
+    let first = first.unwrap().expect("one waiter is granted");
+    let st = a.status(&name).await.unwrap();
+    assert_eq!(st.holders.len(), 1, "{st:?}");
+    assert_eq!(st.holders[0].token, first.fencing_token(), "{st:?}");
+    assert!(
+        tokio::time::timeout(t.ms(500), &mut other).await.is_err(),
+        "two holders at once: the second was granted while the first held"
+    );
+    let first_token = first.fencing_token();
+    assert!(first.release().await.unwrap());
+    let second = other.await.unwrap().expect("the other is granted next");
+    assert!(second.fencing_token() > first_token);
+    assert!(second.release().await.unwrap());
+    for client in [a, b, w] {
+        client.close().await;
+    }
+}

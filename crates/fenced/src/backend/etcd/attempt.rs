@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// Where a key stands in its queue: how many keys are ahead of it, its
+/// create revision, and what it waits for.
+struct Standing {
+    ahead: usize,
+    rev: i64,
+    wait: Wait,
+}
+
 impl EtcdShared {
     pub(super) fn err(&self, e: etcd_client::Error) -> Error {
         map_err(&self.label, e)
@@ -48,6 +56,7 @@ impl EtcdShared {
             rev: AtomicI64::new(0),
             deadline: Mutex::new(None),
             watcher: Mutex::new(None),
+            freed: Arc::new(AtomicBool::new(false)),
             born: Instant::now(),
         });
         keys.insert(req.hold_id.clone(), own.clone());
@@ -91,15 +100,74 @@ impl EtcdShared {
         });
     }
 
+    /// The grant of `own`, made at `rev`.
+    fn granted(&self, own: &OwnKey, rev: i64, req: &Attempt, created: bool) -> Outcome {
+        if let Some(w) = unpoisoned(&own.watcher).take() {
+            w.abort();
+        }
+        unpoisoned(&own.deadline).get_or_insert(Instant::now() + req.lease);
+        if !created && own.born.elapsed() >= crate::holder::RESTAMP_AFTER {
+            self.stamp_grant(own, rev, req);
+        }
+        Outcome::Granted {
+            token: rev as u64,
+            session: Some(self.session.clock.bound_of(own.lease)),
+        }
+    }
+
     pub(super) async fn attempt(self: &Arc<Self>, req: &Attempt) -> Result<Outcome> {
         let prefix = prefix_of(&req.name)?;
         let lease = self.lease()?;
         let own = self.own_key(req, &prefix, lease);
+        let rev = own.rev.load(Ordering::Acquire);
+        if rev > 0 && own.freed.load(Ordering::Acquire) {
+            // The only key ahead of ours is gone (its delete reached our
+            // watch) and later keys queue behind: ours is first, as a
+            // listing would say one round trip later. Our key lives as
+            // long as our session lease, which bounds the hold as it would
+            // after a listing.
+            return Ok(self.granted(&own, rev, req, false));
+        }
         let mut etcd = self.etcd.clone();
         // A waiter's key exists already: a read-only transaction looks at
         // the queue without a write through consensus (etcd sends a
         // transaction through Raft if either branch writes, taken or not).
-        let known = own.rev.load(Ordering::Acquire) > 0;
+        // It is served from the member's own state, with no quorum read: a
+        // key ahead of ours can only go (a key made later has a later
+        // create revision and queues behind), so a listing that lags
+        // shows more keys ahead than there are, never fewer: it may keep
+        // us waiting for a delete the watch then replays, never grant us
+        // early. One that lags behind our own key is asked again of the
+        // quorum.
+        let known = rev > 0;
+        let failed = |e: etcd_client::Error| {
+            // The server let our session lease run out before the
+            // keep-alive noticed: start a new session, then try again.
+            if lease_gone(&e) {
+                drop_session(self, lease);
+            }
+            self.err(e)
+        };
+        if known {
+            let local = Txn::new().and_then([queue_get_local(&prefix)]);
+            let r = etcd.txn(local).await.map_err(failed)?;
+            if revision(&r) >= rev {
+                let kvs = own_level(&prefix, gets(&r).pop().unwrap_or_default());
+                let standing = self.standing(req, &own, &kvs);
+                // A refusal (a semaphore of another size ahead) may be
+                // of a key gone since: the quorum says.
+                if !matches!(
+                    standing,
+                    Some(Standing {
+                        wait: Wait::Refused(_),
+                        ..
+                    })
+                ) {
+                    let at = revision(&r);
+                    return self.act(req, &own, &prefix, at, standing, false).await;
+                }
+            }
+        }
         let txn = if known {
             Txn::new().and_then([queue_get(&prefix)])
         } else {
@@ -119,21 +187,41 @@ impl EtcdShared {
                 ])
                 .or_else([queue_get(&prefix)])
         };
-        let r = match etcd.txn(txn).await {
-            Ok(r) => r,
-            Err(e) => {
-                // The server let our session lease run out before the
-                // keep-alive noticed: start a new session, then try again.
-                if lease_gone(&e) {
-                    drop_session(self, lease);
-                }
-                return Err(self.err(e));
-            }
-        };
+        let r = etcd.txn(txn).await.map_err(failed)?;
         let created = !known && r.succeeded();
-        let at = revision(&r);
         let kvs = own_level(&prefix, gets(&r).pop().unwrap_or_default());
-        let Some(me) = kvs.iter().position(|kv| kv.key() == own.key.as_slice()) else {
+        let standing = self.standing(req, &own, &kvs);
+        let at = revision(&r);
+        self.act(req, &own, &prefix, at, standing, created).await
+    }
+
+    /// Where `own` stands in its queue's listing `kvs`, or `None` if its
+    /// key is not there.
+    fn standing(&self, req: &Attempt, own: &OwnKey, kvs: &[KeyValue]) -> Option<Standing> {
+        let me = kvs.iter().position(|kv| kv.key() == own.key.as_slice())?;
+        let owners: Vec<Option<String>> = kvs.iter().map(|kv| self.owner_of(kv.key())).collect();
+        let wait = waits_for(&queue(kvs), me, |i| {
+            i != me && owners[i].as_deref() == Some(req.owner_key.as_str())
+        });
+        Some(Standing {
+            ahead: me,
+            rev: kvs[me].create_revision(),
+            wait,
+        })
+    }
+
+    /// Acts on where `own` stands in a listing made at revision `at`:
+    /// granted, or busy with a watch set to wake it.
+    async fn act(
+        self: &Arc<Self>,
+        req: &Attempt,
+        own: &Arc<OwnKey>,
+        prefix: &[u8],
+        at: i64,
+        standing: Option<Standing>,
+        created: bool,
+    ) -> Result<Outcome> {
+        let Some(Standing { ahead, rev, wait }) = standing else {
             // Our key is gone (our session ended while we waited, or it
             // was force-deleted): never act on a queue we are not in.
             unpoisoned(&self.keys).remove(&req.hold_id);
@@ -148,33 +236,31 @@ impl EtcdShared {
                 retry_after: Some(Duration::ZERO),
             }));
         };
-        let rev = kvs[me].create_revision();
         own.rev.store(rev, Ordering::Release);
-        let owners: Vec<Option<String>> = kvs.iter().map(|kv| self.owner_of(kv.key())).collect();
-        let wait = waits_for(&queue(&kvs), me, |i| {
-            i != me && owners[i].as_deref() == Some(req.owner_key.as_str())
-        });
         match wait {
-            Wait::Granted => {
-                if let Some(w) = unpoisoned(&own.watcher).take() {
-                    w.abort();
-                }
-                unpoisoned(&own.deadline).get_or_insert(Instant::now() + req.lease);
-                if !created && own.born.elapsed() >= crate::holder::RESTAMP_AFTER {
-                    self.stamp_grant(&own, rev, req);
-                }
-                Ok(Outcome::Granted {
-                    token: rev as u64,
-                    session: Some(self.session.clock.bound_of(own.lease)),
-                })
-            }
+            Wait::Granted => Ok(self.granted(own, rev, req, created)),
             w => {
                 if let Some(o) = crate::backend::queue::unwaited(&**self, req, &w).await {
                     return Ok(o);
                 }
-                let (key, options) = match w {
-                    Wait::Key(k) => (k, WatchOptions::new()),
-                    _ => (prefix.clone(), WatchOptions::new().with_prefix()),
+                // The watch wakes us at the delete of the key we wait on
+                // (or of any key of the queue). Waiting on the one key
+                // ahead, it covers our own key too: the delete of the key
+                // ahead then grants by itself, unless ours went first (by
+                // hand, or with our session), which a listing will say.
+                let sole = ahead == 1;
+                let (key, options, ahead_key) = match w {
+                    Wait::Key(k) if sole => {
+                        let (lo, mut end) = if k < own.key {
+                            (k.clone(), own.key.clone())
+                        } else {
+                            (own.key.clone(), k.clone())
+                        };
+                        end.push(0);
+                        (lo, WatchOptions::new().with_range(end), Some(k))
+                    }
+                    Wait::Key(k) => (k, WatchOptions::new(), None),
+                    _ => (prefix.to_vec(), WatchOptions::new().with_prefix(), None),
                 };
                 let options = options
                     .with_start_revision(at + 1)
@@ -182,16 +268,35 @@ impl EtcdShared {
                 let wakeups = self.wakeups.clone();
                 let name = req.name.clone();
                 let mut etcd = self.etcd.clone();
+                let (freed, own_key) = (own.freed.clone(), own.key.clone());
                 let task = tokio::spawn(async move {
                     if let Ok(mut stream) = etcd.watch(key, Some(options)).await {
                         while let Ok(Some(msg)) = stream.message().await {
-                            if msg.canceled()
-                                || msg
+                            if msg.canceled() {
+                                break;
+                            }
+                            let gone = |k: &[u8]| {
+                                msg.events().iter().any(|e| {
+                                    e.event_type() == EventType::Delete
+                                        && e.kv().is_some_and(|kv| kv.key() == k)
+                                })
+                            };
+                            match &ahead_key {
+                                Some(_) if gone(&own_key) => break,
+                                Some(k) if gone(k) => {
+                                    freed.store(true, Ordering::Release);
+                                    break;
+                                }
+                                // Another key between the two: not ours to hear.
+                                Some(_) => {}
+                                None if msg
                                     .events()
                                     .iter()
-                                    .any(|e| e.event_type() == EventType::Delete)
-                            {
-                                break;
+                                    .any(|e| e.event_type() == EventType::Delete) =>
+                                {
+                                    break;
+                                }
+                                None => {}
                             }
                         }
                     }

@@ -26,7 +26,14 @@
 //!   watch is not missed; a semaphore waiter watches the prefix for
 //!   deletions. Each look at the queue checks that the waiter's own key
 //!   still exists (the bug Jepsen found in etcd 3.4.3: a waiter whose
-//!   session expired must not take the lock on a stale view).
+//!   session expired must not take the lock on a stale view). A waiter
+//!   looks again from the member's own state (a serializable read, no
+//!   quorum): keys ahead of it can only go, so a view that lags shows
+//!   more of them, never fewer, and one older than the waiter's key is
+//!   asked of the quorum. A waiter with one key ahead is granted by that
+//!   key's delete alone, with no look: its watch covers its own key too,
+//!   and a delete of its own key first means no grant. Either way the
+//!   hold is believed only while its session lease is.
 //! - **Fencing token**: the create revision of the hold's key, which etcd
 //!   raises on every write to the cluster. The highest token of a released
 //!   hold is kept at `fenced.token/N` (20 decimal digits) for `status`.
@@ -60,7 +67,7 @@ use etcd_client::{
     PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -136,6 +143,11 @@ struct OwnKey {
     deadline: Mutex<Option<Instant>>,
     /// The watch that wakes this waiter.
     watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Set by the watch when the one key that was ahead of this one in a
+    /// listing is deleted. Keys made later queue behind, so nothing is
+    /// ahead any more: the next attempt is granted without reading the
+    /// queue again. Once set, it stays true for this key.
+    freed: Arc<AtomicBool>,
     /// When its first attempt went out: about when its value (the holder
     /// record) was written.
     born: Instant,
