@@ -132,13 +132,14 @@ impl EtcdShared {
         // A waiter's key exists already: a read-only transaction looks at
         // the queue without a write through consensus (etcd sends a
         // transaction through Raft if either branch writes, taken or not).
-        // It is served from the member's own state, with no quorum read: a
+        // It looks first at the member's own state, with no quorum read: a
         // key ahead of ours can only go (a key made later has a later
         // create revision and queues behind), so a listing that lags
-        // shows more keys ahead than there are, never fewer: it may keep
-        // us waiting for a delete the watch then replays, never grant us
-        // early. One that lags behind our own key is asked again of the
-        // quorum.
+        // shows more keys ahead than there are, never fewer. When that
+        // view grants us, or shows our key gone, it is so; anything else
+        // (a view older than our key, keys still ahead, which a lagging or
+        // cut-off member may show for long, a refusal that a key gone
+        // since may cause) is asked again of the quorum.
         let known = rev > 0;
         let failed = |e: etcd_client::Error| {
             // The server let our session lease run out before the
@@ -154,12 +155,10 @@ impl EtcdShared {
             if revision(&r) >= rev {
                 let kvs = own_level(&prefix, gets(&r).pop().unwrap_or_default());
                 let standing = self.standing(req, &own, &kvs);
-                // A refusal (a semaphore of another size ahead) may be
-                // of a key gone since: the quorum says.
-                if !matches!(
+                if matches!(
                     standing,
-                    Some(Standing {
-                        wait: Wait::Refused(_),
+                    None | Some(Standing {
+                        wait: Wait::Granted,
                         ..
                     })
                 ) {
