@@ -132,41 +132,7 @@ impl EtcdShared {
         // A waiter's key exists already: a read-only transaction looks at
         // the queue without a write through consensus (etcd sends a
         // transaction through Raft if either branch writes, taken or not).
-        // It looks first at the member's own state, with no quorum read: a
-        // key ahead of ours can only go (a key made later has a later
-        // create revision and queues behind), so a listing that lags
-        // shows more keys ahead than there are, never fewer. When that
-        // view grants us, or shows our key gone, it is so; anything else
-        // (a view older than our key, keys still ahead, which a lagging or
-        // cut-off member may show for long, a refusal that a key gone
-        // since may cause) is asked again of the quorum.
         let known = rev > 0;
-        let failed = |e: etcd_client::Error| {
-            // The server let our session lease run out before the
-            // keep-alive noticed: start a new session, then try again.
-            if lease_gone(&e) {
-                drop_session(self, lease);
-            }
-            self.err(e)
-        };
-        if known {
-            let local = Txn::new().and_then([queue_get_local(&prefix)]);
-            let r = etcd.txn(local).await.map_err(failed)?;
-            if revision(&r) >= rev {
-                let kvs = own_level(&prefix, gets(&r).pop().unwrap_or_default());
-                let standing = self.standing(req, &own, &kvs);
-                if matches!(
-                    standing,
-                    None | Some(Standing {
-                        wait: Wait::Granted,
-                        ..
-                    })
-                ) {
-                    let at = revision(&r);
-                    return self.act(req, &own, &prefix, at, standing, false).await;
-                }
-            }
-        }
         let txn = if known {
             Txn::new().and_then([queue_get(&prefix)])
         } else {
@@ -186,7 +152,17 @@ impl EtcdShared {
                 ])
                 .or_else([queue_get(&prefix)])
         };
-        let r = etcd.txn(txn).await.map_err(failed)?;
+        let r = match etcd.txn(txn).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The server let our session lease run out before the
+                // keep-alive noticed: start a new session, then try again.
+                if lease_gone(&e) {
+                    drop_session(self, lease);
+                }
+                return Err(self.err(e));
+            }
+        };
         let created = !known && r.succeeded();
         let kvs = own_level(&prefix, gets(&r).pop().unwrap_or_default());
         let standing = self.standing(req, &own, &kvs);

@@ -79,15 +79,6 @@ pub(super) fn queue_get(prefix: &[u8]) -> TxnOp {
     TxnOp::get(prefix.to_vec(), Some(in_creation_order()))
 }
 
-/// [`queue_get`] from the serving member's own state, without a quorum
-/// read: it may lag.
-pub(super) fn queue_get_local(prefix: &[u8]) -> TxnOp {
-    TxnOp::get(
-        prefix.to_vec(),
-        Some(in_creation_order().with_serializable()),
-    )
-}
-
 impl EtcdShared {
     /// The queue of `name` (its own level: not a nested lock's keys),
     /// oldest first.

@@ -27,15 +27,12 @@
 //!   deletions. Each look at the queue checks that the waiter's own key
 //!   still exists (the bug Jepsen found in etcd 3.4.3: a waiter whose
 //!   session expired must not take the lock on a stale view). A waiter
-//!   looks again at the member's own state first (a serializable read,
-//!   no quorum): keys ahead of it can only go, so a view that lags shows
-//!   more of them, never fewer. A view that grants it, or shows its key
-//!   gone, is so; any other is asked again of the quorum, so a lagging
-//!   or cut-off member cannot keep it waiting. A waiter with one key
-//!   ahead is granted by that key's delete alone, with no look: its watch
-//!   covers its own key too, and a delete of its own key first means no
-//!   grant. Either way the hold is believed only while its session lease
-//!   is.
+//!   with one key ahead is granted by that key's delete alone, with no
+//!   look: keys made later queue behind it. Its watch is then a key range
+//!   that covers its own key too (and ignores the deletes of keys between
+//!   the two names), and a delete of its own key first means no grant but
+//!   a look. The hold is believed only while its session lease is, as
+//!   after a look.
 //! - **Fencing token**: the create revision of the hold's key, which etcd
 //!   raises on every write to the cluster. The highest token of a released
 //!   hold is kept at `fenced.token/N` (20 decimal digits) for `status`.
