@@ -199,9 +199,7 @@ impl PgServer {
             cmd.arg("-c").arg(c);
         }
         as_server_user(&mut cmd);
-        let log = self
-            .data
-            .with_file_name(format!("postgres-{}.log", self.port));
+        let log = self.log_path();
         // The log file is opened by us (root) before the user switch.
         let mut server = Server::start(cmd, &log, Signal::SIGINT);
         let (port, ready_bin) = (self.port, bin.join("pg_isready"));
@@ -231,6 +229,13 @@ impl PgServer {
             .arg("-c")
             .arg(sql);
         super::output_of(&mut cmd, "psql")
+    }
+
+    /// The server's log (its stderr), where errors land at the server's
+    /// default `log_min_messages`.
+    pub fn log_path(&self) -> PathBuf {
+        self.data
+            .with_file_name(format!("postgres-{}.log", self.port))
     }
 
     /// The server process, while it runs.

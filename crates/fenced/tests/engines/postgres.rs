@@ -212,9 +212,17 @@ async fn without_the_grant_function_acquires_take_the_transaction() {
     let app_url = server
         .url()
         .replace("postgres://postgres@", "postgres://app@");
-    let fx = fenced_testkit::Fixture::new(app_url, None, Vec::new());
+    let fx = fenced_testkit::Fixture::new(app_url.clone(), None, Vec::new());
     fenced_testkit::conformance::mutual_exclusion_tasks(&fx).await;
     assert_eq!(exists(), "f", "the role could not create it");
+    // Nor the function that keeps advisory waits out of the log: its
+    // waiters wait with the bare call.
+    let fx = fenced_testkit::Fixture::new(format!("{app_url}?mode=advisory"), None, Vec::new());
+    fenced_testkit::conformance::mutual_exclusion_tasks(&fx).await;
+    assert_eq!(
+        server.sql("SELECT to_regprocedure('fenced_advisory_wait(bigint, boolean)') IS NULL"),
+        "t"
+    );
 
     // Where the tables are missing and the role may not create them, the
     // error says what to do.
@@ -467,6 +475,47 @@ async fn advisory_waiters_wait_in_the_server_and_a_hand_over_wakes_no_one() {
         heard,
         vec![name.clone()],
         "the hand-over woke no one, the release that left the lock free did"
+    );
+}
+
+/// `mode=advisory`, at the server's default logging: a waiter whose
+/// waits in the server run out (every 2 s) leaves no error in the
+/// server's log, where each used to log "canceling statement due to lock
+/// timeout" with the statement's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_waits_that_run_out_log_no_error() {
+    let t = Timing::default();
+    let (server, _clients, _name, g, waiter) =
+        held_with_a_waiter_in_the_server(&t, "adv-quiet").await;
+    let waiting_since = || {
+        server.sql(
+            "SELECT coalesce(max(query_start)::text, '') FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'",
+        )
+    };
+    // Two waits run out and the waiter waits again each time.
+    for _ in 0..2 {
+        let first = waiting_since();
+        let wait = tokio::time::Instant::now() + Duration::from_secs(20);
+        while waiting_since() == first || waiting_since().is_empty() {
+            assert!(
+                tokio::time::Instant::now() < wait,
+                "the waiter waits again after its wait in the server ran out"
+            );
+            tokio::time::sleep(t.ms(50)).await;
+        }
+    }
+    assert!(g.release().await.unwrap());
+    let g2 = tokio::time::timeout(t.eventually(), waiter)
+        .await
+        .expect("the server grants the waiter")
+        .unwrap()
+        .unwrap();
+    assert!(g2.release().await.unwrap());
+    let log = std::fs::read_to_string(server.log_path()).unwrap();
+    assert!(
+        !log.contains("ERROR"),
+        "the server logged errors while a waiter waited:\n{log}"
     );
 }
 

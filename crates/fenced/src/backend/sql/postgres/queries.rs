@@ -213,7 +213,7 @@ macro_rules! notify_pair {
 /// The `NOTIFY` channel.
 pub(super) const CHANNEL: &str = "fenced_wake";
 /// Serialises schema creation between processes.
-pub(super) const SCHEMA_LOCK: i64 = 0x6665_6e63_6564; // "fenced"
+pub(crate) const SCHEMA_LOCK: i64 = 0x6665_6e63_6564; // "fenced"
 
 pub(super) const NEXT_TOKEN: &str = "INSERT INTO fenced_locks (name, token)
     VALUES ($1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)

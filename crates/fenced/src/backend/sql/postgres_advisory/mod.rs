@@ -10,12 +10,14 @@
 //!
 //! **Waiting** is in the server's own queue, as a session lock waits: a
 //! caller that waits takes `pg_advisory_lock` on a session of its own, up
-//! to 2 s at a time (a `lock_timeout` for that statement; the server logs
-//! each wait that runs out as a "lock timeout" error), and the server
-//! grants it the moment the lock comes free. Of one client's writers of
-//! a lock, one at a time waits there (and keeps that place while it
-//! holds); readers wait there together; at most 8 waits per client in
-//! all. The client's other waiters wait to be woken when a place comes
+//! to 2 s at a time (a `lock_timeout` for that statement, inside the
+//! function `fenced_advisory_wait`, created if missing, which catches the
+//! timeout so that the server does not log an error for each wait that
+//! runs out; a role that may not create it waits unwrapped, and logged),
+//! and the server grants it the moment the lock comes free. Of one
+//! client's writers of a lock, one at a time waits there (and keeps that
+//! place while it holds); readers wait there together; at most 8 waits
+//! per client in all. The client's other waiters wait to be woken when a place comes
 //! free (one whose lock may be free tries once first). Waits too short
 //! to be worth a session (under 10 ms) try once and wait for a release's
 //! `NOTIFY`, as every waiter of older versions does; a release notifies
@@ -68,6 +70,7 @@
 //! connect (the backend pid changes between statements) and refused.
 
 use crate::backend::sql::IdleSessions;
+use crate::backend::sql::postgres::queries::SCHEMA_LOCK;
 use crate::backend::sql::postgres::{PgBackend, has_state};
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -208,29 +211,64 @@ const LOCK_SHARED_AND_TOKEN: &str = try_lock_and_token!("pg_try_advisory_lock_sh
 /// the statement fails with `lock_not_available` (55P03), which a grant
 /// can race: the caller then unlocks.
 macro_rules! wait_lock_and_token {
-    ($lock:literal) => {
+    ($got:literal) => {
         concat!(
             "WITH c AS (SELECT set_config('application_name', $1, false) AS app,
         set_config('lock_timeout', $4, true) AS wait, ",
             link_bounds!("$6", set),
             " AS link),
-    l AS (SELECT count(*) > 0 AS got FROM (SELECT ",
-            $lock,
-            "($2) FROM c) AS x),
+    l AS (SELECT ",
+            $got,
+            "),
     b AS (SELECT set_config('lock_timeout', $5, true) AS back FROM l),",
             lock_and_token!("l, b")
         )
     };
 }
-const WAIT_LOCK_AND_TOKEN: &str = wait_lock_and_token!("pg_advisory_lock");
-const WAIT_LOCK_SHARED_AND_TOKEN: &str = wait_lock_and_token!("pg_advisory_lock_shared");
+const WAIT_LOCK_AND_TOKEN: &str =
+    wait_lock_and_token!("count(*) > 0 AS got FROM (SELECT pg_advisory_lock($2) FROM c) AS x");
+const WAIT_LOCK_SHARED_AND_TOKEN: &str = wait_lock_and_token!(
+    "count(*) > 0 AS got FROM (SELECT pg_advisory_lock_shared($2) FROM c) AS x"
+);
+/// [`WAIT_LOCK_AND_TOKEN`] through [`QUIET_WAIT_DDL`]'s function: a wait
+/// that runs out answers `got = false` instead of failing.
+const QUIET_WAIT_LOCK_AND_TOKEN: &str =
+    wait_lock_and_token!("fenced_advisory_wait($2, false) AS got FROM c");
+const QUIET_WAIT_LOCK_SHARED_AND_TOKEN: &str =
+    wait_lock_and_token!("fenced_advisory_wait($2, true) AS got FROM c");
+/// A wait in the server that runs out is an error, and at the defaults
+/// the server logs every error with its statement: two lines every 2 s
+/// ([`SERVER_WAIT`]) for each waiting lock of each client. The function
+/// catches that one error (`lock_not_available`, which only the
+/// `lock_timeout` raises here), and an error a PL/pgSQL block catches is
+/// not logged. It is created if missing, under the schema's lock; a role
+/// that may not create functions waits with the bare call, logged.
+const QUIET_WAIT_DDL: &str = "
+DO $do$
+BEGIN
+IF to_regprocedure('fenced_advisory_wait(bigint, boolean)') IS NULL THEN
+CREATE FUNCTION fenced_advisory_wait(p_key BIGINT, p_shared BOOLEAN)
+    RETURNS BOOLEAN LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF p_shared THEN
+        PERFORM pg_advisory_lock_shared(p_key);
+    ELSE
+        PERFORM pg_advisory_lock(p_key);
+    END IF;
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END $fn$;
+END IF;
+END $do$;
+";
 /// The longest one try waits in the server ([`WAIT_LOCK_AND_TOKEN`]);
 /// a waiter not granted by then asks again at once (at the back of the
 /// server's queue). It bounds how long a try whose caller went away (or
 /// whose process is stopping) stays queued. Each wait that runs out is
 /// one "canceling statement due to lock timeout" error in the server's
-/// log: a longer wait would log less, but a try must answer within the
-/// core's patience (a request timeout, 5 s by default).
+/// log unless [`QUIET_WAIT_DDL`]'s function catches it; a try must answer
+/// within the core's patience (a request timeout, 5 s by default).
 const SERVER_WAIT: Duration = Duration::from_secs(2);
 /// How many of one client's tries wait in the server at once (one per
 /// lock), each on a session of its own; the rest queue for their turn.
@@ -513,6 +551,8 @@ pub(crate) struct PgAdvisory {
     /// Whether its sockets have `TCP_USER_TIMEOUT` (Linux; not a Unix
     /// socket).
     user_timeout: bool,
+    /// Whether waits go through `fenced_advisory_wait`, unlogged.
+    quiet: bool,
     /// This client's turns to wait in the server.
     turns: Turns,
 }
@@ -531,10 +571,46 @@ impl PgAdvisory {
             idle_timeout: None,
             link_bounded: false,
             user_timeout: false,
+            quiet: false,
             turns: Turns::new(wakeups),
         };
         (me.idle_timeout, me.link_bounded, me.user_timeout) = me.check_session_pinning().await?;
+        me.quiet = me.make_quiet_wait().await?;
         Ok(Arc::new(me))
+    }
+
+    /// Creates [`QUIET_WAIT_DDL`]'s function if missing; whether waits
+    /// can call it. Its session is kept for the first lock.
+    async fn make_quiet_wait(&self) -> Result<bool> {
+        let mut c = self.session().await?;
+        let made = async {
+            let mut tx = c.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(SCHEMA_LOCK)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::raw_sql(QUIET_WAIT_DDL).execute(&mut *tx).await?;
+            tx.commit().await
+        };
+        let timeout = self.request_timeout();
+        let failed = match tokio::time::timeout(timeout, made).await {
+            Ok(Ok(())) => {
+                self.idle.put(c);
+                return Ok(true);
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => no_answer(timeout).to_string(),
+        };
+        // A role without CREATE on the schema, most likely: waits work
+        // as before, logged.
+        tracing::warn!(
+            server = %self.table.label(),
+            error = %failed,
+            "cannot create the function fenced_advisory_wait: each wait in the server \
+             that runs out (every 2 s) is logged there as an error"
+        );
+        let _ = tokio::time::timeout(timeout, c.close()).await;
+        Ok(false)
     }
 
     fn db(&self, e: sqlx::Error) -> Error {
@@ -709,11 +785,13 @@ impl PgAdvisory {
             // hold's.
             let statement = async {
                 if fresh {
-                    let sql = match (&waits, shared) {
-                        (Some(_), false) => WAIT_LOCK_AND_TOKEN,
-                        (Some(_), true) => WAIT_LOCK_SHARED_AND_TOKEN,
-                        (None, false) => LOCK_AND_TOKEN,
-                        (None, true) => LOCK_SHARED_AND_TOKEN,
+                    let sql = match (&waits, shared, self.quiet) {
+                        (Some(_), false, true) => QUIET_WAIT_LOCK_AND_TOKEN,
+                        (Some(_), true, true) => QUIET_WAIT_LOCK_SHARED_AND_TOKEN,
+                        (Some(_), false, false) => WAIT_LOCK_AND_TOKEN,
+                        (Some(_), true, false) => WAIT_LOCK_SHARED_AND_TOKEN,
+                        (None, false, _) => LOCK_AND_TOKEN,
+                        (None, true, _) => LOCK_SHARED_AND_TOKEN,
                     };
                     let q = sqlx::query(sql)
                         .bind(&o[start..])
@@ -746,6 +824,16 @@ impl PgAdvisory {
             let got = tokio::time::timeout(limit, statement)
                 .await
                 .unwrap_or_else(|_| Err(no_answer(limit)));
+            // Not granted within the wait (on a session of its own: a
+            // session shared with another hold only ever tries): the
+            // quiet wait answers so, the bare one fails with
+            // `lock_not_available`.
+            let ran_out = fresh
+                && waits.is_some()
+                && match &got {
+                    Ok((got, _)) => !got,
+                    Err(e) => has_state(e, &["55P03"]),
+                };
             match got {
                 Ok((true, Some(token))) => token as u64,
                 Ok((true, None)) => match self.table.next_token(conn, req.name.as_str()).await {
@@ -761,11 +849,11 @@ impl PgAdvisory {
                         return Err(e);
                     }
                 },
-                // Not granted within the wait. The server may have
-                // granted it as the wait ran out, and a session lock
-                // outlives the failed statement: the session (its own)
-                // gives back whatever it holds before it is kept.
-                Err(e) if waits.is_some() && has_state(&e, &["55P03"]) => {
+                // The server may have granted it as the wait ran out, and
+                // a session lock outlives the failed statement: the
+                // session (its own) gives back whatever it holds before
+                // it is kept.
+                _ if ran_out => {
                     if let Some(mut c) = guard.take() {
                         let cleared =
                             tokio::time::timeout(timeout, sqlx::query(UNLOCK_ALL).execute(&mut c))
