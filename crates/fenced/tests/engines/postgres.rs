@@ -519,6 +519,41 @@ async fn advisory_waits_that_run_out_log_no_error() {
     );
 }
 
+/// `mode=advisory`: the function that keeps waits out of the log, dropped
+/// under live clients; their waits go on with the bare call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_waits_outlive_their_function() {
+    let t = Timing::default();
+    let server = PgServer::start();
+    let url = format!("{}?mode=advisory", server.url());
+    let (a, b) = fenced_testkit::two_clients(&url).await;
+    let present = || {
+        server.sql("SELECT to_regprocedure('fenced_advisory_wait(bigint, boolean)') IS NOT NULL")
+    };
+    assert_eq!(present(), "t", "made when the clients opened");
+    server.sql("DROP FUNCTION fenced_advisory_wait(bigint, boolean)");
+    let name = unique("adv-nofunction");
+    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let m = b.mutex(&name).unwrap();
+        async move { m.acquire().await }
+    });
+    t.wait_until("the waiter waits in the server's queue", || async {
+        queued_in_server(&server) == "1"
+    })
+    .await;
+    let first = g.fencing_token();
+    assert!(g.release().await.unwrap());
+    let g2 = tokio::time::timeout(t.eventually(), waiter)
+        .await
+        .expect("the server grants the waiter")
+        .unwrap()
+        .unwrap();
+    assert!(g2.fencing_token() > first);
+    assert!(g2.release().await.unwrap());
+    assert_eq!(present(), "f");
+}
+
 /// `mode=advisory`: a waiter whose caller goes away while it waits in the
 /// server's queue leaves it, and a grant that came to it anyway is given
 /// back: the lock ends up free.

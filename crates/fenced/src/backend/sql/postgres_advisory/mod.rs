@@ -84,6 +84,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, Row};
 use std::collections::HashMap;
 use std::hash::Hasher;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -262,6 +263,14 @@ END $fn$;
 END IF;
 END $do$;
 ";
+/// Whether [`QUIET_WAIT_DDL`]'s function is there, and whether this role
+/// could create it.
+const QUIET_WAIT_PRESENT: &str = "SELECT
+    to_regprocedure('fenced_advisory_wait(bigint, boolean)') IS NOT NULL,
+    coalesce(has_schema_privilege(current_schema(), 'CREATE'), false)";
+/// Whether this role can call it.
+const QUIET_WAIT_CALLABLE: &str = "SELECT coalesce(has_function_privilege(
+    to_regprocedure('fenced_advisory_wait(bigint, boolean)'), 'EXECUTE'), false)";
 /// The longest one try waits in the server ([`WAIT_LOCK_AND_TOKEN`]);
 /// a waiter not granted by then asks again at once (at the back of the
 /// server's queue). It bounds how long a try whose caller went away (or
@@ -551,8 +560,9 @@ pub(crate) struct PgAdvisory {
     /// Whether its sockets have `TCP_USER_TIMEOUT` (Linux; not a Unix
     /// socket).
     user_timeout: bool,
-    /// Whether waits go through `fenced_advisory_wait`, unlogged.
-    quiet: bool,
+    /// Whether waits go through `fenced_advisory_wait`, unlogged: until
+    /// a call finds it gone or not ours to call.
+    quiet: AtomicBool,
     /// This client's turns to wait in the server.
     turns: Turns,
 }
@@ -571,16 +581,18 @@ impl PgAdvisory {
             idle_timeout: None,
             link_bounded: false,
             user_timeout: false,
-            quiet: false,
+            quiet: AtomicBool::new(false),
             turns: Turns::new(wakeups),
         };
         (me.idle_timeout, me.link_bounded, me.user_timeout) = me.check_session_pinning().await?;
-        me.quiet = me.make_quiet_wait().await?;
+        me.quiet = AtomicBool::new(me.make_quiet_wait().await?);
         Ok(Arc::new(me))
     }
 
-    /// Creates [`QUIET_WAIT_DDL`]'s function if missing; whether waits
-    /// can call it. Its session is kept for the first lock.
+    /// Creates [`QUIET_WAIT_DDL`]'s function if missing and this role may
+    /// (asked first, so that a role without CREATE logs no error at each
+    /// open); whether this role can call it. Its session is kept for the
+    /// first lock.
     async fn make_quiet_wait(&self) -> Result<bool> {
         let mut c = self.session().await?;
         let made = async {
@@ -589,27 +601,42 @@ impl PgAdvisory {
                 .bind(SCHEMA_LOCK)
                 .execute(&mut *tx)
                 .await?;
-            sqlx::raw_sql(QUIET_WAIT_DDL).execute(&mut *tx).await?;
-            tx.commit().await
+            let (present, can_create): (bool, bool) = sqlx::query_as(QUIET_WAIT_PRESENT)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !present && can_create {
+                sqlx::raw_sql(QUIET_WAIT_DDL).execute(&mut *tx).await?;
+            }
+            let callable: bool = sqlx::query_scalar(QUIET_WAIT_CALLABLE)
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(callable)
         };
         let timeout = self.request_timeout();
         let failed = match tokio::time::timeout(timeout, made).await {
-            Ok(Ok(())) => {
+            Ok(Ok(true)) => {
                 self.idle.put(c);
                 return Ok(true);
             }
-            Ok(Err(e)) => e.to_string(),
+            Ok(Ok(false)) => {
+                self.idle.put(c);
+                "missing, and this role may not create it (CREATE on the schema), or may not \
+                 execute it"
+                    .to_owned()
+            }
+            Ok(Err(e)) => {
+                let _ = tokio::time::timeout(timeout, c.close()).await;
+                e.to_string()
+            }
             Err(_) => no_answer(timeout).to_string(),
         };
-        // A role without CREATE on the schema, most likely: waits work
-        // as before, logged.
         tracing::warn!(
             server = %self.table.label(),
             error = %failed,
-            "cannot create the function fenced_advisory_wait: each wait in the server \
-             that runs out (every 2 s) is logged there as an error"
+            "cannot use the function fenced_advisory_wait: each wait in the server that runs \
+             out (every 2 s) is logged there as an error"
         );
-        let _ = tokio::time::timeout(timeout, c.close()).await;
         Ok(false)
     }
 
@@ -785,7 +812,8 @@ impl PgAdvisory {
             // hold's.
             let statement = async {
                 if fresh {
-                    let sql = match (&waits, shared, self.quiet) {
+                    let quiet = self.quiet.load(Ordering::Relaxed);
+                    let sql = match (&waits, shared, quiet) {
                         (Some(_), false, true) => QUIET_WAIT_LOCK_AND_TOKEN,
                         (Some(_), true, true) => QUIET_WAIT_LOCK_SHARED_AND_TOKEN,
                         (Some(_), false, false) => WAIT_LOCK_AND_TOKEN,
@@ -834,6 +862,21 @@ impl PgAdvisory {
                     Ok((got, _)) => !got,
                     Err(e) => has_state(e, &["55P03"]),
                 };
+            // The function was dropped, or is not ours to call, since the
+            // client opened: wait with the bare call from now on (the
+            // statement failed before it locked anything).
+            let unquiet = fresh
+                && waits.is_some()
+                && matches!(&got, Err(e) if has_state(e, &["42883", "42501"]))
+                && self.quiet.swap(false, Ordering::Relaxed);
+            if unquiet {
+                tracing::warn!(
+                    server = %self.table.label(),
+                    "the function fenced_advisory_wait is gone or may not be called: \
+                     waits that run out are logged as errors from now on"
+                );
+            }
+            let ran_out = ran_out || unquiet;
             match got {
                 Ok((true, Some(token))) => token as u64,
                 Ok((true, None)) => match self.table.next_token(conn, req.name.as_str()).await {
