@@ -419,9 +419,26 @@ async fn held_with_a_waiter_in_the_server(
     fenced::Guard,
     tokio::task::JoinHandle<fenced::Result<fenced::Guard>>,
 ) {
+    held_with_a_waiter_in_the_server_after(t, prefix, |_| ()).await
+}
+
+/// [`held_with_a_waiter_in_the_server`], with `meanwhile` run on the
+/// server once the clients are open, before the lock is taken.
+async fn held_with_a_waiter_in_the_server_after(
+    t: &Timing,
+    prefix: &str,
+    meanwhile: impl FnOnce(&PgServer),
+) -> (
+    PgServer,
+    (fenced::Client, fenced::Client),
+    String,
+    fenced::Guard,
+    tokio::task::JoinHandle<fenced::Result<fenced::Guard>>,
+) {
     let server = PgServer::start();
     let url = format!("{}?mode=advisory", server.url());
     let (a, b) = fenced_testkit::two_clients(&url).await;
+    meanwhile(&server);
     let name = unique(prefix);
     let g = a.mutex(&name).unwrap().acquire().await.unwrap();
     let waiter = tokio::spawn({
@@ -523,25 +540,15 @@ async fn advisory_waits_that_run_out_log_no_error() {
 /// under live clients; their waits go on with the bare call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_waits_outlive_their_function() {
+    const FUNCTION: &str = "fenced_advisory_wait(bigint, boolean)";
     let t = Timing::default();
-    let server = PgServer::start();
-    let url = format!("{}?mode=advisory", server.url());
-    let (a, b) = fenced_testkit::two_clients(&url).await;
-    let present = || {
-        server.sql("SELECT to_regprocedure('fenced_advisory_wait(bigint, boolean)') IS NOT NULL")
+    let dropped = |server: &PgServer| {
+        let present = format!("SELECT to_regprocedure('{FUNCTION}') IS NOT NULL");
+        assert_eq!(server.sql(&present), "t", "made when the clients opened");
+        server.sql(&format!("DROP FUNCTION {FUNCTION}"));
     };
-    assert_eq!(present(), "t", "made when the clients opened");
-    server.sql("DROP FUNCTION fenced_advisory_wait(bigint, boolean)");
-    let name = unique("adv-nofunction");
-    let g = a.mutex(&name).unwrap().acquire().await.unwrap();
-    let waiter = tokio::spawn({
-        let m = b.mutex(&name).unwrap();
-        async move { m.acquire().await }
-    });
-    t.wait_until("the waiter waits in the server's queue", || async {
-        queued_in_server(&server) == "1"
-    })
-    .await;
+    let (server, _clients, _name, g, waiter) =
+        held_with_a_waiter_in_the_server_after(&t, "adv-nofunction", dropped).await;
     let first = g.fencing_token();
     assert!(g.release().await.unwrap());
     let g2 = tokio::time::timeout(t.eventually(), waiter)
@@ -551,7 +558,8 @@ async fn advisory_waits_outlive_their_function() {
         .unwrap();
     assert!(g2.fencing_token() > first);
     assert!(g2.release().await.unwrap());
-    assert_eq!(present(), "f");
+    let present = format!("SELECT to_regprocedure('{FUNCTION}') IS NOT NULL");
+    assert_eq!(server.sql(&present), "f");
 }
 
 /// `mode=advisory`: a waiter whose caller goes away while it waits in the
