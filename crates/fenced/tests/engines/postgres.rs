@@ -406,19 +406,20 @@ fn queued_in_server(server: &PgServer) -> String {
     server.sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
 }
 
-/// A server, two clients in `mode=advisory`, a lock named from `prefix`
-/// held by the first, and the second's `acquire` of it waiting in the
-/// server's queue.
-async fn held_with_a_waiter_in_the_server(
-    t: &Timing,
-    prefix: &str,
-) -> (
+/// A server, its two clients, the lock's name, the first's hold and the
+/// second's waiting `acquire`.
+type HeldWithAWaiter = (
     PgServer,
     (fenced::Client, fenced::Client),
     String,
     fenced::Guard,
     tokio::task::JoinHandle<fenced::Result<fenced::Guard>>,
-) {
+);
+
+/// A server, two clients in `mode=advisory`, a lock named from `prefix`
+/// held by the first, and the second's `acquire` of it waiting in the
+/// server's queue.
+async fn held_with_a_waiter_in_the_server(t: &Timing, prefix: &str) -> HeldWithAWaiter {
     held_with_a_waiter_in_the_server_after(t, prefix, |_| ()).await
 }
 
@@ -428,13 +429,7 @@ async fn held_with_a_waiter_in_the_server_after(
     t: &Timing,
     prefix: &str,
     meanwhile: impl FnOnce(&PgServer),
-) -> (
-    PgServer,
-    (fenced::Client, fenced::Client),
-    String,
-    fenced::Guard,
-    tokio::task::JoinHandle<fenced::Result<fenced::Guard>>,
-) {
+) -> HeldWithAWaiter {
     let server = PgServer::start();
     let url = format!("{}?mode=advisory", server.url());
     let (a, b) = fenced_testkit::two_clients(&url).await;
@@ -452,19 +447,14 @@ async fn held_with_a_waiter_in_the_server_after(
     (server, (a, b), name, g, waiter)
 }
 
-/// `mode=advisory`, at the defaults: a waiter waits in the server's own
-/// queue, so the release hands the lock over there; a release that hands
-/// it over wakes no one, and one that leaves it free wakes the listeners.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn advisory_waiters_wait_in_the_server_and_a_hand_over_wakes_no_one() {
-    let t = Timing::default();
-    let (server, _clients, name, g, waiter) =
-        held_with_a_waiter_in_the_server(&t, "adv-queue").await;
+/// Releases `g`, whose lock `waiter` waits for in the server: the server
+/// grants the waiter, with a higher token, and it releases in turn.
+async fn handed_over(
+    t: &Timing,
+    g: fenced::Guard,
+    waiter: tokio::task::JoinHandle<fenced::Result<fenced::Guard>>,
+) {
     let first = g.fencing_token();
-    let mut listener = sqlx::postgres::PgListener::connect(&server.url())
-        .await
-        .unwrap();
-    listener.listen("fenced_wake").await.unwrap();
     assert!(g.release().await.unwrap());
     let g2 = tokio::time::timeout(t.eventually(), waiter)
         .await
@@ -473,6 +463,21 @@ async fn advisory_waiters_wait_in_the_server_and_a_hand_over_wakes_no_one() {
         .unwrap();
     assert!(g2.fencing_token() > first);
     assert!(g2.release().await.unwrap());
+}
+
+/// `mode=advisory`, at the defaults: a waiter waits in the server's own
+/// queue, so the release hands the lock over there; a release that hands
+/// it over wakes no one, and one that leaves it free wakes the listeners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_waiters_wait_in_the_server_and_a_hand_over_wakes_no_one() {
+    let t = Timing::default();
+    let (server, _clients, name, g, waiter) =
+        held_with_a_waiter_in_the_server(&t, "adv-queue").await;
+    let mut listener = sqlx::postgres::PgListener::connect(&server.url())
+        .await
+        .unwrap();
+    listener.listen("fenced_wake").await.unwrap();
+    handed_over(&t, g, waiter).await;
     // Notifications arrive in commit order: everything before the end
     // mark is the two releases'.
     let end = unique("end-mark");
@@ -522,13 +527,7 @@ async fn advisory_waits_that_run_out_log_no_error() {
             tokio::time::sleep(t.ms(50)).await;
         }
     }
-    assert!(g.release().await.unwrap());
-    let g2 = tokio::time::timeout(t.eventually(), waiter)
-        .await
-        .expect("the server grants the waiter")
-        .unwrap()
-        .unwrap();
-    assert!(g2.release().await.unwrap());
+    handed_over(&t, g, waiter).await;
     let log = std::fs::read_to_string(server.log_path()).unwrap();
     assert!(
         !log.contains("ERROR"),
@@ -549,15 +548,7 @@ async fn advisory_waits_outlive_their_function() {
     };
     let (server, _clients, _name, g, waiter) =
         held_with_a_waiter_in_the_server_after(&t, "adv-nofunction", dropped).await;
-    let first = g.fencing_token();
-    assert!(g.release().await.unwrap());
-    let g2 = tokio::time::timeout(t.eventually(), waiter)
-        .await
-        .expect("the server grants the waiter")
-        .unwrap()
-        .unwrap();
-    assert!(g2.fencing_token() > first);
-    assert!(g2.release().await.unwrap());
+    handed_over(&t, g, waiter).await;
     let present = format!("SELECT to_regprocedure('{FUNCTION}') IS NOT NULL");
     assert_eq!(server.sql(&present), "f");
 }
@@ -619,14 +610,8 @@ async fn advisory_a_downgrade_passes_a_waiter_queued_in_the_server() {
         .unwrap();
     assert!(w.release().await.unwrap());
     assert!(!waiter.is_finished(), "the owner still reads");
-    let read_token = r.fencing_token();
-    assert!(r.release().await.unwrap());
-    let g = tokio::time::timeout(t.eventually(), waiter)
-        .await
-        .expect("the queued writer gets the lock")
-        .unwrap()
-        .unwrap();
-    assert!(g.fencing_token() > read_token);
+    // The queued writer gets the lock.
+    handed_over(&t, r, waiter).await;
 }
 
 /// `mode=advisory`: more tasks of one client wait than it waits for in
