@@ -31,15 +31,33 @@ use std::time::{Duration, Instant};
 /// A process outside the test kit may still take the port before the
 /// server binds it: [`Server::start`] callers retry with a new port when
 /// the server exits at once.
+///
+/// Ports come from below the kernel's ephemeral range where it leaves
+/// room (Linux's default starts at 32768), not from it: while a server
+/// is down for a restart fault, an outgoing connection could be given
+/// its port as a source port, and a client reconnecting to it could even
+/// connect to itself (TCP's simultaneous open), so that the server could
+/// not bind its port again. A ZooKeeper member once failed to restart
+/// so ("Address already in use").
 pub fn free_port() -> u16 {
     // Lock files whose locks this process holds: kept open until it exits.
     static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
     let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    let below = below_ephemeral();
     for _ in 0..1000 {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free loopback port");
+        let port = match &below {
+            Some(range) => {
+                let port = fastrand::u16(range.clone());
+                if TcpListener::bind(("127.0.0.1", port)).is_err() {
+                    continue;
+                }
+                port
+            }
+            None => TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free loopback port"),
+        };
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -57,6 +75,14 @@ pub fn free_port() -> u16 {
         }
     }
     panic!("no loopback port that no test process holds already");
+}
+
+/// The ports below the kernel's ephemeral range, from 10000, if it
+/// leaves at least a thousand there.
+fn below_ephemeral() -> Option<std::ops::Range<u16>> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let low: u16 = range.split_whitespace().next()?.parse().ok()?;
+    (low >= 11_000).then_some(10_000..low)
 }
 
 /// The file whose lock reserves `port` (see [`free_port`]).
@@ -259,5 +285,11 @@ mod tests {
             "port {port} can be taken by another holder"
         );
         assert_ne!(free_port(), port);
+        if let Some(range) = below_ephemeral() {
+            assert!(
+                range.contains(&port),
+                "{port} is not below the ephemeral range"
+            );
+        }
     }
 }
