@@ -385,9 +385,6 @@ fn run_from_a_terminal_lets_cmd_read_it_and_stops_with_it() {
         "'{bin}' --backend '{url}' run tty -- sh -c 'read l; echo got:$l; exec sleep 31.5'"
     );
     tmux.keys(&[&run, "Enter"]);
-    // Before the fix CMD, in a background group, was stopped by its read.
-    tmux.keys(&["hello", "Enter"]);
-    tmux.shows(&["got:hello"]);
     let state = |pattern: &str| -> Option<char> {
         for p in std::fs::read_dir("/proc").unwrap().flatten() {
             let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
@@ -410,6 +407,14 @@ fn run_from_a_terminal_lets_cmd_read_it_and_stops_with_it() {
             std::thread::sleep(t.ms(50));
         }
     };
+    // Typed once CMD reads: typed ahead, while bash still had the terminal
+    // raw for its line editor, the line was once neither echoed nor read.
+    until("CMD never read the terminal", &|| {
+        state("sh -c read l; echo got:$l; exec sleep 31.5") == Some('S')
+    });
+    // Before the fix CMD, in a background group, was stopped by its read.
+    tmux.keys(&["hello", "Enter"]);
+    tmux.shows(&["got:hello"]);
     let stopped = |why: &str| until(why, &|| state("sleep 31.5") == Some('T'));
     let running = |why: &str| until(why, &|| matches!(state("sleep 31.5"), Some('S' | 'R')));
     // CMD is the `sleep` it execs, not the `sh` that echoed.
