@@ -2,14 +2,6 @@
 
 use super::*;
 
-/// Where a key stands in its queue: how many keys are ahead of it, its
-/// create revision, and what it waits for.
-struct Standing {
-    ahead: usize,
-    rev: i64,
-    wait: Wait,
-}
-
 impl EtcdShared {
     pub(super) fn err(&self, e: etcd_client::Error) -> Error {
         map_err(&self.label, e)
@@ -164,39 +156,9 @@ impl EtcdShared {
             }
         };
         let created = !known && r.succeeded();
-        let kvs = own_level(&prefix, gets(&r).pop().unwrap_or_default());
-        let standing = self.standing(req, &own, &kvs);
         let at = revision(&r);
-        self.act(req, &own, &prefix, at, standing, created).await
-    }
-
-    /// Where `own` stands in its queue's listing `kvs`, or `None` if its
-    /// key is not there.
-    fn standing(&self, req: &Attempt, own: &OwnKey, kvs: &[KeyValue]) -> Option<Standing> {
-        let me = kvs.iter().position(|kv| kv.key() == own.key.as_slice())?;
-        let owners: Vec<Option<String>> = kvs.iter().map(|kv| self.owner_of(kv.key())).collect();
-        let wait = waits_for(&queue(kvs), me, |i| {
-            i != me && owners[i].as_deref() == Some(req.owner_key.as_str())
-        });
-        Some(Standing {
-            ahead: me,
-            rev: kvs[me].create_revision(),
-            wait,
-        })
-    }
-
-    /// Acts on where `own` stands in a listing made at revision `at`:
-    /// granted, or busy with a watch set to wake it.
-    async fn act(
-        self: &Arc<Self>,
-        req: &Attempt,
-        own: &Arc<OwnKey>,
-        prefix: &[u8],
-        at: i64,
-        standing: Option<Standing>,
-        created: bool,
-    ) -> Result<Outcome> {
-        let Some(Standing { ahead, rev, wait }) = standing else {
+        let kvs = own_level(&prefix, gets(&r).pop().unwrap_or_default());
+        let Some(me) = kvs.iter().position(|kv| kv.key() == own.key.as_slice()) else {
             // Our key is gone (our session ended while we waited, or it
             // was force-deleted): never act on a queue we are not in.
             unpoisoned(&self.keys).remove(&req.hold_id);
@@ -211,9 +173,14 @@ impl EtcdShared {
                 retry_after: Some(Duration::ZERO),
             }));
         };
+        let rev = kvs[me].create_revision();
         own.rev.store(rev, Ordering::Release);
+        let owners: Vec<Option<String>> = kvs.iter().map(|kv| self.owner_of(kv.key())).collect();
+        let wait = waits_for(&queue(&kvs), me, |i| {
+            i != me && owners[i].as_deref() == Some(req.owner_key.as_str())
+        });
         match wait {
-            Wait::Granted => Ok(self.granted(own, rev, req, created)),
+            Wait::Granted => Ok(self.granted(&own, rev, req, created)),
             w => {
                 if let Some(o) = crate::backend::queue::unwaited(&**self, req, &w).await {
                     return Ok(o);
@@ -223,7 +190,7 @@ impl EtcdShared {
                 // ahead, it covers our own key too: the delete of the key
                 // ahead then grants by itself, unless ours went first (by
                 // hand, or with our session), which a listing will say.
-                let sole = ahead == 1;
+                let sole = me == 1;
                 let (key, options, ahead_key) = match w {
                     Wait::Key(k) if sole => {
                         let (lo, mut end) = if k < own.key {
@@ -235,7 +202,7 @@ impl EtcdShared {
                         (lo, WatchOptions::new().with_range(end), Some(k))
                     }
                     Wait::Key(k) => (k, WatchOptions::new(), None),
-                    _ => (prefix.to_vec(), WatchOptions::new().with_prefix(), None),
+                    _ => (prefix.clone(), WatchOptions::new().with_prefix(), None),
                 };
                 let options = options
                     .with_start_revision(at + 1)
