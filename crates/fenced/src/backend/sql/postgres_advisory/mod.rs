@@ -17,8 +17,8 @@
 //! and the server grants it the moment the lock comes free. Of one
 //! client's writers of a lock, one at a time waits there (and keeps that
 //! place while it holds); readers wait there together; at most 8 waits
-//! per client in all. The client's other waiters wait to be woken when a place comes
-//! free (one whose lock may be free tries once first). Waits too short
+//! per client in all. The client's other waiters wait to be woken when a
+//! place comes free (one whose lock may be free tries once first). Waits too short
 //! to be worth a session (under 10 ms) try once and wait for a release's
 //! `NOTIFY`, as every waiter of older versions does; a release notifies
 //! only when a probe in its statement finds that a waiter could get in,
